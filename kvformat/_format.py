@@ -1,0 +1,120 @@
+"""Encode a payload into file parts, decode file bytes into a caller's buffer. No file I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _codec
+from ._header import check_layout, decode_header, encode_header, xxh3_hex
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
+from .errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
+
+
+def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
+    """A flat unsigned-byte memoryview over bytes, bytearray, memoryview, mmap, numpy array or CPU tensor."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor, imported lazily
+        import torch
+
+        if obj.device.type != "cpu" or not obj.is_contiguous():
+            raise ValueError("expected a contiguous CPU tensor")
+        obj = obj.reshape(-1).view(torch.uint8).numpy()
+    mv = memoryview(obj)
+    if writable and mv.readonly:
+        raise ValueError("the destination buffer is read-only")
+    if not mv.c_contiguous:
+        raise ValueError("expected a contiguous buffer")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
+           codec: str = "none", level: int = 3) -> tuple[bytes, memoryview | bytes]:
+    """Return ``(header_region, data)``; the file is their concatenation.
+
+    ``data`` is ``payload`` itself (no copy) when uncompressed, else the zstd frame.
+    """
+    mv = as_bytes_view(payload)
+    if len(mv) != layout.payload_bytes:
+        raise LayoutMismatchError("payload_bytes", layout.payload_bytes, len(mv))
+    raw = xxh3_hex(mv)
+    if codec == "none":
+        data: memoryview | bytes = mv
+        dx = raw
+    elif codec == "zstd":
+        data = _codec.compress(mv, level)
+        dx = xxh3_hex(data)
+    else:
+        raise SchemaError("codec", f"expected none or zstd, got {codec!r}")
+    hdr = encode_header(layout, key, provenance or Provenance(), codec=codec, data_bytes=len(data),
+                        data_xxh3=dx, raw_xxh3=raw, level=level if codec != "none" else None)
+    return hdr, data
+
+
+def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockKey | None) -> None:
+    if expect is not None:
+        check_layout(hdr.layout, expect)
+    if key is not None and key != hdr.key:
+        raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
+
+
+def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None) -> None:
+    """Check stored data (and decode it into ``out`` when compressed).
+
+    On any failure ``out`` is zero-filled (explicitly invalidated, spec §5.3) before the error is raised.
+    """
+    try:
+        if len(data) != hdr.data_bytes:
+            raise TruncatedError("data", hdr.data_bytes, len(data))
+        if hdr.codec == "none":
+            actual = xxh3_hex(data)
+            if actual != hdr.data_xxh3:
+                raise ChecksumError("data", hdr.data_xxh3, actual)
+            return
+        actual = xxh3_hex(data)
+        if actual != hdr.data_xxh3:
+            raise ChecksumError("data", hdr.data_xxh3, actual)
+        if out is not None:
+            _codec.decompress_into(data, out)
+            actual = xxh3_hex(out)
+            if actual != hdr.raw_xxh3:
+                raise ChecksumError("raw", hdr.raw_xxh3, actual)
+    except Exception:
+        if out is not None:
+            invalidate(out)
+        raise
+
+
+def invalidate(out: memoryview) -> None:
+    out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))
+
+
+def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
+           verify: bool = True) -> tuple[BlockHeader, memoryview]:
+    """Decode a whole file held in memory.
+
+    Returns ``(header, payload)``. With ``out`` the payload is written there and ``payload`` is a view
+    of ``out``; without it, an uncompressed payload is a zero-copy view of ``buf`` (valid as long as
+    ``buf`` is) and a compressed one a fresh bytearray.
+    """
+    mv = as_bytes_view(buf)
+    hdr = decode_header(mv, file_bytes=len(mv), verify=verify)
+    check_expected(hdr, expect, key)
+    data = mv[hdr.data_offset:hdr.file_bytes]
+    dst = as_bytes_view(out, writable=True) if out is not None else None
+    if dst is not None and len(dst) < hdr.raw_bytes:
+        raise ValueError(f"destination holds {len(dst)} bytes, the payload is {hdr.raw_bytes}")
+    if dst is not None:
+        dst = dst[:hdr.raw_bytes]
+    if hdr.codec == "none":
+        if verify:
+            verify_data(hdr, data, None)
+        if dst is None:
+            return hdr, data
+        dst[:] = data
+        return hdr, dst
+    if dst is None:
+        dst = memoryview(bytearray(hdr.raw_bytes))
+    if verify:
+        verify_data(hdr, data, dst)
+    else:
+        _codec.decompress_into(data, dst)
+    return hdr, dst

@@ -1,0 +1,319 @@
+"""Local-file edge of the format: atomic writes and zero-copy reads. All file I/O of the core lives here."""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import time
+from typing import Any, Iterator, Mapping
+
+from ._format import as_bytes_view, check_expected, decode, encode, invalidate, verify_data
+from ._header import decode_header, header_length
+from ._spec import ALIGNMENT, BlockHeader, BlockKey, CanonicalLayout, Provenance
+from .errors import KVFormatError, TruncatedError
+
+FIRST_READ = 2 * ALIGNMENT  # a 61-layer header fits here, so most files need one header read
+TMP_PREFIX = ".kvf-tmp-"  # temp files: never matched by readers, removed by gc/start-up (spec §10)
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
+    if isinstance(payload, Mapping):  # {layer name: tensor}, assembled in layout order
+        import torch
+
+        parts = []
+        for l in layout.layers:
+            t = payload[l.name]
+            parts.append(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8))
+        return torch.cat(parts)
+    return payload
+
+
+def write_atomic(path: str, parts: list[Any], *, fsync: bool = False, overwrite: bool = True) -> bool:
+    """Write ``parts`` to ``path`` through a temp file and a rename; no partial file is ever visible.
+
+    Returns False (and writes nothing) when ``overwrite`` is False and ``path`` exists.
+    """
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        views = [memoryview(p).cast("B") if not isinstance(p, (bytes, bytearray)) else p for p in parts]
+        total = sum(len(v) for v in views)
+        done = 0
+        while done < total:  # writev may write less than asked (signals, huge files)
+            n = os.writev(fd, views)
+            done += n
+            if done < total:
+                views = _advance(views, n)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quiet(tmp)
+        raise
+    os.close(fd)
+    try:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if path exists: first writer wins, nothing is replaced
+            except FileExistsError:
+                return False
+            finally:
+                _unlink_quiet(tmp)
+        if fsync:
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
+    return True
+
+
+def _advance(views: list[Any], n: int) -> list[Any]:
+    out = []
+    for v in views:
+        if n >= len(v):
+            n -= len(v)
+            continue
+        out.append(memoryview(v)[n:])
+        n = 0
+    return out
+
+
+def _unlink_quiet(p: str) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass
+
+
+def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayout, key: BlockKey, *,
+              provenance: Provenance | None = None, codec: str = "none", level: int = 3,
+              fsync: bool = False) -> BlockHeader:
+    """Write one kvformat file atomically.
+
+    Parameters
+    ----------
+    payload: the canonical payload (bytes-like, CPU tensor, or ``{layer name: tensor}``).
+    path: destination file.
+    layout, key: what the payload is (the header records both).
+    provenance: who wrote it (informational).
+    codec, level: ``"none"`` or ``"zstd"`` and its level.
+    fsync: fsync the file and its directory before returning.
+
+    Returns
+    -------
+    The header written.
+
+    Raises
+    ------
+    LayoutMismatchError if the payload size does not match ``layout``; OSError from the filesystem.
+    """
+    prov = provenance or Provenance(writer=_writer(), created=int(time.time()))
+    hdr, data = encode(_as_payload(payload, layout), layout, key, provenance=prov, codec=codec, level=level)
+    write_atomic(os.fspath(path), [hdr, data], fsync=fsync)
+    return decode_header(hdr, verify=False)
+
+
+def _writer() -> str:
+    from . import __version__
+
+    return f"kvformat {__version__}"
+
+
+def _read_exact(fd: int, buf: memoryview, offset: int) -> int:
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def _read_header_fd(fd: int, size: int, verify: bool) -> BlockHeader:
+    first = bytearray(min(FIRST_READ, size))
+    got = _read_exact(fd, memoryview(first), 0)
+    del first[got:]
+    end = header_length(first)
+    if end > len(first):
+        if end > size:
+            raise TruncatedError("header", end, size)
+        rest = bytearray(end - len(first))
+        got = _read_exact(fd, memoryview(rest), len(first))
+        first += rest[:got]
+    return decode_header(first, file_bytes=size, verify=verify)
+
+
+def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHeader:
+    """Read and check a file's header only (no payload read).
+
+    Raises a KVFormatError subclass for a bad header (with ``path`` set); OSError passes through.
+    """
+    p = os.fspath(path)
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return _read_header_fd(fd, os.fstat(fd).st_size, verify)
+    except KVFormatError as e:
+        raise e.with_path(p)
+    finally:
+        os.close(fd)
+
+
+def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
+              key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
+    """Read a file's payload straight into ``out`` (memoryview, mmap slice, bytearray, CPU tensor).
+
+    The header is checked (and against ``expect``/``key`` when given) before ``out`` is touched.
+    With ``verify``, a checksum failure zero-fills ``out`` and raises ChecksumError: wrong bytes
+    never stay in the destination. ``o_direct`` reads page-aligned parts with O_DIRECT when the
+    filesystem allows it (falls back to buffered reads otherwise).
+
+    Returns the header. Raises KVFormatError subclasses (``path`` set); OSError passes through.
+    """
+    p = os.fspath(path)
+    dst = as_bytes_view(out, writable=True)
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        hdr = _read_header_fd(fd, size, verify)
+        check_expected(hdr, expect, key)
+        if len(dst) < hdr.raw_bytes:
+            raise ValueError(f"destination holds {len(dst)} bytes, the payload is {hdr.raw_bytes}")
+        dst = dst[:hdr.raw_bytes]
+        if hdr.codec == "none":
+            got = _read_payload(fd, p, dst, hdr.data_offset, o_direct)
+            if got != hdr.data_bytes:
+                invalidate(dst)
+                raise TruncatedError("data", hdr.data_bytes, got)
+            if verify:
+                verify_data(hdr, dst, dst)
+        else:
+            data = bytearray(hdr.data_bytes)
+            got = _read_exact(fd, memoryview(data), hdr.data_offset)
+            if verify:
+                verify_data(hdr, memoryview(data)[:got], dst)
+            else:
+                from . import _codec
+
+                _codec.decompress_into(memoryview(data)[:got], dst)
+        return hdr
+    except KVFormatError as e:
+        raise e.with_path(p)
+    finally:
+        os.close(fd)
+
+
+def _read_payload(fd: int, path: str, dst: memoryview, offset: int, o_direct: bool) -> int:
+    if not o_direct or not _O_DIRECT:
+        return _read_exact(fd, dst, offset)
+    import ctypes
+
+    aligned = len(dst) - len(dst) % ALIGNMENT
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(dst)) if aligned else 0
+    if not aligned or addr % ALIGNMENT:
+        return _read_exact(fd, dst, offset)
+    try:
+        dfd = os.open(path, os.O_RDONLY | _O_DIRECT)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # tmpfs and some FUSE filesystems refuse O_DIRECT
+            return _read_exact(fd, dst, offset)
+        raise
+    try:
+        got = _read_exact(dfd, dst[:aligned], offset)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        got = _read_exact(fd, dst[:aligned], offset)
+    finally:
+        os.close(dfd)
+    if got == aligned and aligned < len(dst):
+        got += _read_exact(fd, dst[aligned:], offset + aligned)
+    return got
+
+
+def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
+              verify: bool = True) -> dict[str, Any]:
+    """safetensors-style: ``{layer name: torch.Tensor}`` of shape ``(blocks_per_chunk, *layer.shape)``.
+
+    Packed dtypes come back as uint8 (the header's ``kv_dtype`` says what they hold).
+    """
+    import torch
+
+    hdr = read_header(path, verify=False)
+    buf = torch.empty(hdr.raw_bytes, dtype=torch.uint8)
+    hdr = read_into(path, buf, expect=expect, key=key, verify=verify)
+    return tensors_from_payload(buf, hdr.layout)
+
+
+_TORCH_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
+                 "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
+                 "U64": "uint64", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def tensors_from_payload(buf: Any, layout: CanonicalLayout) -> dict[str, Any]:
+    """Views (no copy) of a payload tensor as one tensor per layer."""
+    import torch
+
+    flat = buf if isinstance(buf, torch.Tensor) else torch.frombuffer(buf, dtype=torch.uint8)
+    out = {}
+    for l, off, n in zip(layout.layers, layout.layer_offsets, layout.chunk_bytes_per_layer):
+        t = flat[off:off + n].view(getattr(torch, _TORCH_DTYPES[l.dtype]))
+        out[l.name] = t.reshape(layout.blocks_per_chunk, *l.shape)
+    return out
+
+
+class BlockFile:
+    """An open kvformat file: ``header`` now, payload on demand. Use as a context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        self.path = os.fspath(path)
+        self._verify = verify
+        self.header = read_header(self.path, verify=verify)
+
+    def read_into(self, out: Any, **kw: Any) -> BlockHeader:
+        """See :func:`kvformat.read_into`."""
+        return read_into(self.path, out, verify=self._verify, **kw)
+
+    def tensors(self) -> dict[str, Any]:
+        """See :func:`kvformat.load_file`."""
+        return load_file(self.path, verify=self._verify)
+
+    def __enter__(self) -> "BlockFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def open_block(path: str | os.PathLike[str], *, verify: bool = True) -> BlockFile:
+    """Open a kvformat file and check its header. See :class:`BlockFile`."""
+    return BlockFile(path, verify=verify)
+
+
+def iter_files(root: str, suffix: str = ".kvf") -> Iterator[os.DirEntry[str]]:
+    """Regular files under ``root`` ending in ``suffix``; never follows symlinks, skips temp files."""
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.name.endswith(suffix) and not e.name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
+                    yield e
+
+
+_ = decode  # decode(bytes) is the in-memory twin of read_into

@@ -1,0 +1,355 @@
+"""Spec objects and constants of kvformat v1 (spec/FORMAT.md). No I/O here."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import SchemaError
+
+FORMAT_MAJOR = 1  # §7: readers refuse any other major
+FORMAT_MINOR = 0  # §7: readers accept any minor of their major
+FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+
+ALIGNMENT = 4096  # §3: the data section starts at a multiple of this
+LENGTH_BYTES = 8  # §3: u64 little-endian header length (safetensors)
+MAX_HEADER_BYTES = 1 << 20  # §8: N (JSON + padding) at most 1 MiB
+MAX_LAYERS = 1024  # §8
+MAX_NAME_BYTES = 256  # §8: a layer name, model id or revision
+MAX_PAYLOAD_BYTES = 1 << 32  # §8: decoded payload at most 4 GiB
+MAX_DIMS = 4  # §8: a layer's per-block shape has 1..4 dimensions
+
+# §4.1: the header JSON starts with these exact bytes, then the version string, then
+# '","kvf.hxxh3":"' and 16 lowercase hex digits; that fixed position makes the header
+# checksum computable without parsing JSON and makes "is this kvformat?" a prefix test.
+HEADER_PREFIX = b'{"__metadata__":{"kvformat":"'
+HXXH3_FIELD = b'","kvf.hxxh3":"'
+HEX64_LEN = 16
+HEX64_ZERO = b"0" * HEX64_LEN
+
+CODECS = ("none", "zstd")
+ZSTD_TENSOR = "kvf.zstd"  # §6: the one U8 tensor of a compressed file
+ROW_LAYOUTS = ("replicated", "per_worker", "canonical", "unknown")
+
+# safetensors dtype names and item sizes (§4.2).
+DTYPE_SIZES: Mapping[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+
+# vLLM kv_cache_dtype strings -> safetensors dtype; anything else is packed and stored as U8 (§4.2).
+KV_DTYPE_TO_ST: Mapping[str, str] = {
+    "bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32",
+    "fp8": "F8_E4M3", "fp8_e4m3": "F8_E4M3", "fp8_e5m2": "F8_E5M2",
+}
+
+_HEX_RE = re.compile(r"[0-9a-f]+")
+_UINT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
+_CTRL_RE = re.compile(r"[\x00-\x1f]")
+
+
+def st_dtype_for(kv_dtype: str) -> str:
+    """The safetensors dtype that stores ``kv_dtype`` (U8 for packed formats such as fp8_ds_mla)."""
+    return KV_DTYPE_TO_ST.get(kv_dtype, "U8")
+
+
+def parse_uint(field_name: str, value: Any, *, minimum: int = 0, maximum: int = 1 << 62) -> int:
+    """Parse a canonical decimal string (or int) into an int within [minimum, maximum]."""
+    if isinstance(value, bool):
+        raise SchemaError(field_name, f"expected an integer, got {value!r}")
+    if isinstance(value, str):
+        if not _UINT_RE.fullmatch(value):
+            raise SchemaError(field_name, f"expected a canonical decimal integer, got {value[:40]!r}")
+        value = int(value)
+    if not isinstance(value, int):
+        raise SchemaError(field_name, f"expected an integer, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise SchemaError(field_name, f"expected {minimum}..{maximum}, got {value}")
+    return value
+
+
+def parse_name(field_name: str, value: Any, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(field_name, f"expected a string, got {type(value).__name__}")
+    if (not value and not allow_empty) or len(value.encode()) > MAX_NAME_BYTES:
+        raise SchemaError(field_name, f"expected 1..{MAX_NAME_BYTES} bytes, got {len(value.encode())}")
+    if _CTRL_RE.search(value):
+        raise SchemaError(field_name, "control characters are not allowed")
+    return value
+
+
+def parse_hex(field_name: str, value: Any, length: int | None = None) -> str:
+    if not isinstance(value, str) or not _HEX_RE.fullmatch(value) or (length and len(value) != length):
+        want = f"{length} lowercase hex digits" if length else "lowercase hex"
+        raise SchemaError(field_name, f"expected {want}, got {str(value)[:80]!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer of the canonical payload: its vLLM name, safetensors dtype and per-block shape.
+
+    ``shape`` is the shape of ONE block of this layer, e.g. ``(64, 576)`` for 64 tokens of a
+    576-wide MLA latent; in the file the tensor is ``(blocks_per_chunk, *shape)``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        parse_name("layer.name", self.name)
+        if self.name == "__metadata__" or self.name.startswith("kvf."):
+            raise SchemaError("layer.name", f"reserved name {self.name!r}")
+        if self.dtype not in DTYPE_SIZES:
+            raise SchemaError("layer.dtype", f"expected one of {sorted(DTYPE_SIZES)}, got {self.dtype!r}")
+        shape = tuple(self.shape)
+        if not 1 <= len(shape) <= MAX_DIMS or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in shape):
+            raise SchemaError("layer.shape", f"expected 1..{MAX_DIMS} positive ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", shape)
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of this layer (vLLM's page size for the layer)."""
+        n = DTYPE_SIZES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+    def to_list(self) -> list[Any]:
+        return [self.name, self.dtype, list(self.shape)]
+
+    @classmethod
+    def from_list(cls, item: Any) -> "LayerSpec":
+        if not isinstance(item, list) or len(item) != 3 or not isinstance(item[2], list):
+            raise SchemaError("kvf.layers", f"expected [name, dtype, shape], got {str(item)[:80]}")
+        return cls(item[0], item[1], tuple(item[2]))
+
+
+@dataclass(frozen=True)
+class CanonicalLayout:
+    """The TP-independent layout of a chunk's payload (spec §2).
+
+    The payload is the concatenation, in ``layers`` order, of ``page_bytes * blocks_per_chunk``
+    bytes per layer, block j of the chunk at ``j * page_bytes`` inside its layer: exactly vLLM's
+    single-slot primary row for the chunk.
+    """
+
+    model: str
+    kv_dtype: str
+    tokens_per_block: int
+    blocks_per_chunk: int
+    tokens_per_hash: int
+    layers: tuple[LayerSpec, ...]
+    family: str = "mla"
+    revision: str | None = None
+    group: int = 0
+
+    def __post_init__(self) -> None:
+        parse_name("model", self.model)
+        parse_name("kv_dtype", self.kv_dtype)
+        parse_name("family", self.family)
+        if self.revision is not None:
+            parse_name("revision", self.revision)
+        parse_uint("tokens_per_block", self.tokens_per_block, minimum=1, maximum=1 << 20)
+        parse_uint("blocks_per_chunk", self.blocks_per_chunk, minimum=1, maximum=1 << 16)
+        parse_uint("tokens_per_hash", self.tokens_per_hash, minimum=1, maximum=1 << 20)
+        parse_uint("group", self.group, maximum=1 << 16)
+        layers = tuple(self.layers)
+        if not 1 <= len(layers) <= MAX_LAYERS:
+            raise SchemaError("layers", f"expected 1..{MAX_LAYERS} layers, got {len(layers)}")
+        if len({l.name for l in layers}) != len(layers):
+            raise SchemaError("layers", "layer names repeat")
+        for l in layers:
+            if l.shape[0] != self.tokens_per_block:
+                raise SchemaError(f"layer {l.name}.shape", f"expected first dim {self.tokens_per_block} "
+                                  f"(tokens_per_block), got {l.shape[0]}")
+        object.__setattr__(self, "layers", layers)
+        if self.payload_bytes > MAX_PAYLOAD_BYTES:
+            raise SchemaError("payload", f"{self.payload_bytes} bytes is over the limit {MAX_PAYLOAD_BYTES}")
+
+    @classmethod
+    def uniform(cls, model: str, kv_dtype: str, layer_names: list[str] | tuple[str, ...], tokens_per_block: int,
+                width: int, *, blocks_per_chunk: int = 1, tokens_per_hash: int | None = None, **kw: Any) -> "CanonicalLayout":
+        """A pure-MLA layout: every layer ``(tokens_per_block, width)`` of ``kv_dtype``.
+
+        For packed dtypes (``fp8_ds_mla``) ``width`` is bytes per token.
+        """
+        dt = st_dtype_for(kv_dtype)
+        layers = tuple(LayerSpec(n, dt, (tokens_per_block, width)) for n in layer_names)
+        return cls(model=model, kv_dtype=kv_dtype, tokens_per_block=tokens_per_block,
+                   blocks_per_chunk=blocks_per_chunk, tokens_per_hash=tokens_per_hash or tokens_per_block,
+                   layers=layers, **kw)
+
+    @functools.cached_property
+    def chunk_bytes_per_layer(self) -> tuple[int, ...]:
+        return tuple(l.page_bytes * self.blocks_per_chunk for l in self.layers)
+
+    @functools.cached_property
+    def payload_bytes(self) -> int:
+        """Bytes of the canonical payload (one slot of vLLM's primary row, without row padding)."""
+        return sum(l.page_bytes for l in self.layers) * self.blocks_per_chunk
+
+    @functools.cached_property
+    def layer_offsets(self) -> tuple[int, ...]:
+        out, off = [], 0
+        for n in self.chunk_bytes_per_layer:
+            out.append(off)
+            off += n
+        return tuple(out)
+
+    def identity(self) -> dict[str, Any]:
+        """The TP-invariant identity that names the namespace (spec §9). No tp/pp/rank/row layout."""
+        return {
+            "format_major": FORMAT_MAJOR,
+            "model": self.model,
+            "revision": self.revision,
+            "kv_dtype": self.kv_dtype,
+            "family": self.family,
+            "tokens_per_block": self.tokens_per_block,
+            "blocks_per_chunk": self.blocks_per_chunk,
+            "tokens_per_hash": self.tokens_per_hash,
+            "group": self.group,
+            "layers": [[l.name, l.dtype, list(l.shape), l.page_bytes] for l in self.layers],
+        }
+
+    @functools.cached_property
+    def _namespace(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, separators=(",", ":")).encode()
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", self.model)[:80]
+        return f"{safe}-{hashlib.sha256(blob).hexdigest()[:16]}"
+
+    def namespace(self) -> str:
+        """``<model with / as _>-<first 16 hex of sha256(identity JSON)>`` (spec §9)."""
+        return self._namespace
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "revision": self.revision, "kv_dtype": self.kv_dtype, "family": self.family,
+            "tokens_per_block": self.tokens_per_block, "blocks_per_chunk": self.blocks_per_chunk,
+            "tokens_per_hash": self.tokens_per_hash, "group": self.group,
+            "layers": [l.to_list() for l in self.layers],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CanonicalLayout":
+        try:
+            return cls(model=d["model"], kv_dtype=d["kv_dtype"], tokens_per_block=d["tokens_per_block"],
+                       blocks_per_chunk=d["blocks_per_chunk"], tokens_per_hash=d["tokens_per_hash"],
+                       layers=tuple(LayerSpec.from_list(x) for x in d["layers"]), family=d.get("family", "mla"),
+                       revision=d.get("revision"), group=d.get("group", 0))
+        except KeyError as e:
+            raise SchemaError(str(e.args[0]), "missing") from None
+
+
+@dataclass(frozen=True)
+class BlockKey:
+    """The block a file holds: vLLM's block hash (lowercase hex) and KV-cache group index."""
+
+    hash: str
+    group: int = 0
+
+    def __post_init__(self) -> None:
+        parse_hex("key.hash", self.hash)
+        if not 2 <= len(self.hash) <= 128:
+            raise SchemaError("key.hash", f"expected 2..128 hex digits, got {len(self.hash)}")
+        parse_uint("key.group", self.group, maximum=1 << 16)
+
+    @classmethod
+    def from_bytes(cls, block_hash: bytes, group: int = 0) -> "BlockKey":
+        return cls(block_hash.hex(), group)
+
+    def to_str(self) -> str:
+        return f"{self.hash}:{self.group}"
+
+    @classmethod
+    def from_str(cls, s: str) -> "BlockKey":
+        h, sep, g = s.rpartition(":")
+        if not sep:
+            raise SchemaError("kvf.key", f"expected '<hex>:<group>', got {s[:80]!r}")
+        return cls(parse_hex("kvf.key", h), parse_uint("kvf.key", g, maximum=1 << 16))
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who wrote the file. Informational: never part of identity or of the payload."""
+
+    tp: int = 1
+    pp: int = 1
+    dcp: int = 1
+    pcp: int = 1
+    row: str = "unknown"
+    writer: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "dcp", "pcp"):
+            parse_uint(f"kvf.{f}", getattr(self, f), minimum=1, maximum=1 << 16)
+        if self.row not in ROW_LAYOUTS:
+            raise SchemaError("kvf.row", f"expected one of {ROW_LAYOUTS}, got {self.row!r}")
+        parse_name("kvf.writer", self.writer, allow_empty=True)
+        parse_uint("kvf.created", self.created)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "dcp": self.dcp, "pcp": self.pcp, "row": self.row,
+                "writer": self.writer, "created": self.created}
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    """Everything the header of one file says (spec §4), plus where its regions are."""
+
+    version: str
+    layout: CanonicalLayout
+    key: BlockKey
+    provenance: Provenance
+    codec: str
+    data_offset: int  # where the data section starts (a multiple of ALIGNMENT)
+    data_bytes: int  # stored bytes (compressed size for zstd)
+    raw_bytes: int  # decoded payload bytes (== layout.payload_bytes)
+    header_xxh3: str
+    data_xxh3: str
+    raw_xxh3: str  # xxh3 of the decoded payload (== data_xxh3 when codec is none)
+    level: int | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)  # unknown kvf.* keys of a newer minor
+
+    @property
+    def file_bytes(self) -> int:
+        return self.data_offset + self.data_bytes
+
+    @property
+    def ratio(self) -> float:
+        """Decoded / stored bytes (1.0 when uncompressed)."""
+        return self.raw_bytes / self.data_bytes if self.data_bytes else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "layout": self.layout.to_dict(), "namespace": self.layout.namespace(),
+            "key": {"hash": self.key.hash, "group": self.key.group}, "provenance": self.provenance.to_dict(),
+            "codec": self.codec, "level": self.level, "data_offset": self.data_offset, "data_bytes": self.data_bytes,
+            "raw_bytes": self.raw_bytes, "file_bytes": self.file_bytes,
+            "checksums": {"header_xxh3": self.header_xxh3, "data_xxh3": self.data_xxh3, "raw_xxh3": self.raw_xxh3},
+        }
+
+
+FILE_SUFFIX = ".kvf"
+NAMESPACE_FILE = "namespace.json"
+QUARANTINE_DIR = ".quarantine"
+
+
+def block_relpath(layout: CanonicalLayout, key: BlockKey) -> str:
+    """``<namespace>/<h[:2]>/<h[2:4]>/<hash>.kvf`` (spec §9): the same path at every TP size."""
+    if key.group != layout.group:
+        raise SchemaError("key.group", f"expected the layout's group {layout.group}, got {key.group}")
+    h = key.hash
+    return f"{layout.namespace()}/{h[:2]}/{h[2:4]}/{h}{FILE_SUFFIX}"
+
+
+def namespace_doc(layout: CanonicalLayout) -> dict[str, Any]:
+    """The human-readable ``namespace.json`` written beside a namespace's files."""
+    return {"kvformat": FORMAT_VERSION, "namespace": layout.namespace(), "identity": layout.identity()}

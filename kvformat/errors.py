@@ -1,0 +1,138 @@
+"""The kvformat error hierarchy.
+
+Every problem with a file's *contents* raises a subclass of :class:`KVFormatError`; each subclass
+also inherits the matching built-in (``ValueError`` …) so generic handlers still work. OS errors
+(``FileNotFoundError``, ``PermissionError``, ``ENOSPC`` …) are never wrapped: they pass through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "KVFormatError",
+    "NotKVFormatError",
+    "UnsupportedVersionError",
+    "HeaderError",
+    "TruncatedError",
+    "OversizedHeaderError",
+    "InvalidJSONError",
+    "SchemaError",
+    "LayoutMismatchError",
+    "ChecksumError",
+    "CodecError",
+    "ReplicaMismatchError",
+    "LegacyLayoutError",
+]
+
+
+class KVFormatError(Exception):
+    """Base class of every kvformat error. ``path`` is set when the error concerns a file."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.message = message
+        self.path = path
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+    def with_path(self, path: str) -> "KVFormatError":
+        """Attach the file path (storage code knows it, byte-level code does not)."""
+        if self.path is None:
+            self.path = path
+        return self
+
+    @property
+    def reason(self) -> str:
+        """A short stable tag for metrics and log-once keys (the class name)."""
+        return type(self).__name__
+
+
+class NotKVFormatError(KVFormatError, ValueError):
+    """The bytes are not a kvformat file (no length field, or not the kvformat header prefix)."""
+
+
+class UnsupportedVersionError(KVFormatError, ValueError):
+    """The file declares a format major version this reader does not implement (spec §7)."""
+
+    def __init__(self, found: str, supported: int, *, path: str | None = None) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(f"format version {found!r} is not supported (this reader reads major {supported})", path=path)
+
+
+class HeaderError(KVFormatError, ValueError):
+    """The header is malformed."""
+
+
+class TruncatedError(HeaderError):
+    """The file ends before a region it declares (header or payload)."""
+
+    def __init__(self, region: str, needed: int, available: int, *, path: str | None = None) -> None:
+        self.region = region
+        self.needed = needed
+        self.available = available
+        super().__init__(f"truncated {region}: need {needed} bytes, have {available}", path=path)
+
+
+class OversizedHeaderError(HeaderError):
+    """The header length field exceeds the limit (spec §8), or a declared size exceeds a limit."""
+
+    def __init__(self, field: str, limit: int, found: int, *, path: str | None = None) -> None:
+        self.field = field
+        self.limit = limit
+        self.found = found
+        super().__init__(f"{field} is {found}, over the limit of {limit}", path=path)
+
+
+class InvalidJSONError(HeaderError):
+    """The header bytes are not valid UTF-8 JSON (or repeat a key, or nest too deeply)."""
+
+
+class SchemaError(HeaderError):
+    """The header JSON parses but violates the schema (spec §4). ``field`` names the offender."""
+
+    def __init__(self, field: str, message: str, *, path: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}", path=path)
+
+
+class LayoutMismatchError(KVFormatError, ValueError):
+    """The file is valid but its layout or key is not what the reader expects."""
+
+    def __init__(self, field: str, expected: Any, found: Any, *, path: str | None = None) -> None:
+        self.field = field
+        self.expected = expected
+        self.found = found
+        super().__init__(f"layout mismatch on {field}: expected {expected!r}, found {found!r}", path=path)
+
+
+class ChecksumError(KVFormatError, ValueError):
+    """A checksum does not match. ``region`` is 'header', 'data' or 'raw' (spec §5)."""
+
+    def __init__(self, region: str, expected: str, actual: str, *, path: str | None = None) -> None:
+        self.region = region
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{region} checksum mismatch: header says {expected}, bytes hash to {actual}", path=path)
+
+
+class CodecError(KVFormatError, ValueError):
+    """The compressed payload cannot be decoded, or decodes to the wrong size."""
+
+
+class ReplicaMismatchError(KVFormatError, ValueError):
+    """Per-worker slots that must be byte-identical (replicated MLA latent) differ."""
+
+    def __init__(self, digests: list[str], *, path: str | None = None) -> None:
+        self.digests = digests
+        super().__init__(f"worker replicas differ (xxh3 per slot: {', '.join(digests)})", path=path)
+
+
+class LegacyLayoutError(KVFormatError, ValueError):
+    """A legacy vLLM fs-tier file's row layout cannot be inferred. ``hint`` names the CLI flag."""
+
+    def __init__(self, message: str, *, hint: str | None = None, path: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(message + (f" (pass {hint})" if hint else ""), path=path)

@@ -1,0 +1,30 @@
+"""Where kvformat files live: one small interface, a backend per kind of storage.
+
+``open_store("/path")`` gives a :class:`LocalStore` (O_DIRECT, zero-copy reads); URLs
+(``s3://``, ``memory://``, ``gs://`` …) give an fsspec-backed store.
+"""
+
+from ._base import Store, StoreEntry
+from ._local import LocalStore
+
+
+def open_store(root: str, **storage_options: object) -> Store:
+    """A store for a plain path, ``file://`` URL, or any fsspec URL.
+
+    Parameters
+    ----------
+    root: a directory path or URL.
+    storage_options: passed to the backend (fsspec ``storage_options`` for URLs).
+
+    Raises
+    ------
+    ImportError naming the package to install when a URL's fsspec backend is missing.
+    """
+    if "://" not in root or root.startswith("file://"):
+        return LocalStore(root[len("file://"):] if root.startswith("file://") else root, **storage_options)  # type: ignore[arg-type]
+    from ._fsspec import FsspecStore
+
+    return FsspecStore(root, **storage_options)
+
+
+__all__ = ["Store", "StoreEntry", "LocalStore", "open_store"]
