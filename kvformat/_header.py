@@ -16,12 +16,12 @@ from ._spec import (
     BlockKey, CanonicalLayout, LayerSpec, Provenance, parse_hex, parse_name, parse_uint,
 )
 from .errors import (
-    ChecksumError, HeaderError, InvalidJSONError, NotKVFormatError, OversizedHeaderError, SchemaError,
+    ChecksumError, HeaderError, InvalidJSONError, KVFormatError, NotKVFormatError, OversizedHeaderError, SchemaError,
     TruncatedError, UnsupportedVersionError,
 )
 
 _U64 = struct.Struct("<Q")
-_VERSION_RE = re.compile(rb"([0-9]{1,4})\.([0-9]{1,4})")
+_VERSION_RE = re.compile(rb"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})")  # F-4.2: canonical decimal
 _HX_START = LENGTH_BYTES + len(HEADER_PREFIX)  # where the version string starts
 
 
@@ -157,7 +157,7 @@ def decode_header(buf: bytes | bytearray | memoryview, *, file_bytes: int | None
             raise InvalidJSONError("the header holds no tensors after __metadata__")
         tensors = _parse_tensors("{" + rest[1:])
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        if isinstance(e, InvalidJSONError):
+        if isinstance(e, KVFormatError):  # a schema error of the tensor table keeps its class (F-4.7, F-4.8)
             raise
         raise InvalidJSONError(f"header is not valid UTF-8 JSON: {str(e)[:120]}") from None
     hdr = _from_parts(meta, tensors, end, stored.decode())

@@ -1,0 +1,331 @@
+#!/usr/bin/env python
+"""Generate the conformance vectors of spec/FORMAT.md into spec/vectors/{valid,invalid}/.
+
+Deterministic: fixed seeds, fixed ``created`` time, fixed writer string, so regenerating gives the
+same bytes (tests/test_vectors.py checks that; a difference means the format changed).
+
+Valid vectors come from the real writer. Invalid ones are forged from a valid file: the header
+JSON is edited, re-padded to the 4096 boundary and (unless the point is a bad checksum) its
+kvf.hxxh3 is recomputed, so each vector reaches exactly the check its MUST id names.
+
+Usage: python tools/gen_vectors.py [OUTDIR]   (default: spec/vectors)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from typing import Any, Callable
+
+import numpy as np
+import xxhash
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import kvformat as K  # noqa: E402
+from kvformat import _codec  # noqa: E402
+from kvformat._spec import ALIGNMENT, HEX64_LEN, HEX64_ZERO  # noqa: E402
+
+CREATED = 1767225600  # 2026-01-01T00:00:00Z
+WRITER = "kvformat-vectors"
+HXXH3_KEY = b'"kvf.hxxh3":"'
+
+
+def _prov(**kw: Any) -> K.Provenance:
+    return K.Provenance(writer=WRITER, created=CREATED, **kw)
+
+
+def _payload(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def _names(n: int, prefix: str = "model.layers") -> list[str]:
+    return [f"{prefix}.{i}.self_attn.attn" for i in range(n)]
+
+
+def file_bytes(payload: bytes, layout: K.CanonicalLayout, key: K.BlockKey, prov: K.Provenance, codec: str = "none",
+               level: int = 3) -> bytes:
+    hdr, data = K.encode(payload, layout, key, provenance=prov, codec=codec, level=level)
+    return hdr + bytes(data)
+
+
+# ---------------------------------------------------------------- forging helpers (invalid vectors)
+
+def split(f: bytes) -> tuple[dict[str, Any], bytes]:
+    """(header JSON as an ordered dict, data section) of a valid file."""
+    (n,) = struct.unpack_from("<Q", f, 0)
+    return json.loads(f[8:8 + n].rstrip(b" ")), f[8 + n:]
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def forge(body: bytes | dict[str, Any], data: bytes, *, fix_checksum: bool = True, pad: bytes = b" ") -> bytes:
+    """Length field + body + padding to the 4096 boundary + data, kvf.hxxh3 recomputed (spec §3, §5.1)."""
+    if isinstance(body, dict):
+        body = dumps(body)
+    total = -(-(8 + len(body)) // ALIGNMENT) * ALIGNMENT
+    buf = bytearray(struct.pack("<Q", total - 8) + body + pad * (total - 8 - len(body)))
+    i = buf.find(HXXH3_KEY)
+    if fix_checksum and i >= 0:
+        pos = i + len(HXXH3_KEY)
+        buf[pos:pos + HEX64_LEN] = HEX64_ZERO
+        buf[pos:pos + HEX64_LEN] = xxhash.xxh3_64_hexdigest(bytes(buf)).encode()
+    return bytes(buf) + data
+
+
+def with_meta(f: bytes, **changes: Any) -> bytes:
+    """Edit __metadata__ (None deletes a key) and re-forge."""
+    doc, data = split(f)
+    meta = doc["__metadata__"]
+    for k, v in changes.items():
+        k = k.replace("__", ".")
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    return forge(doc, data)
+
+
+def text_edit(f: bytes, old: bytes, new: bytes, *, fix_checksum: bool = True) -> bytes:
+    (n,) = struct.unpack_from("<Q", f, 0)
+    body = f[8:8 + n].rstrip(b" ")
+    assert body.count(old) == 1, old
+    return forge(body.replace(old, new), f[8 + n:], fix_checksum=fix_checksum)
+
+
+def flip(f: bytes, byte: int, bit: int) -> bytes:
+    b = bytearray(f)
+    b[byte] ^= 1 << bit
+    return bytes(b)
+
+
+# ---------------------------------------------------------------- the vectors
+
+def base() -> tuple[bytes, K.CanonicalLayout, K.BlockKey, bytes]:
+    """The small file most invalid vectors are forged from: 2 bf16 layers x 4 tokens x 32."""
+    L = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 4, 32)
+    key = K.BlockKey("0123456789abcdef" * 2)
+    pay = _payload(L.payload_bytes, 100)
+    return file_bytes(pay, L, key, _prov(tp=2, row="replicated")), L, key, pay
+
+
+def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
+    """name -> (file bytes, decoded payload, layout)."""
+    out: dict[str, tuple[bytes, bytes, K.CanonicalLayout]] = {}
+
+    def add(name: str, L: K.CanonicalLayout, key: K.BlockKey, prov: K.Provenance, seed: int, codec: str = "none",
+            payload: bytes | None = None) -> None:
+        pay = payload if payload is not None else _payload(L.payload_bytes, seed)
+        out[name] = (file_bytes(pay, L, key, prov, codec), pay, L)
+
+    add("bf16-2layers", K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 16, 64),
+        K.BlockKey("a1" * 16), _prov(tp=1, row="replicated"), 1)
+    add("fp8-ds-mla-packed-u8", K.CanonicalLayout.uniform(
+        "deepseek-ai/DeepSeek-V3.2-Exp", "fp8_ds_mla", _names(3), 4, 656, tokens_per_hash=8, blocks_per_chunk=2),
+        K.BlockKey("b2" * 32), _prov(tp=8, row="per_worker"), 2)
+    add("f32-3blocks-revision-group1", K.CanonicalLayout.uniform(
+        "org/model-f32", "float32", _names(2), 8, 16, blocks_per_chunk=3, revision="0123abcd", group=1),
+        K.BlockKey("c3" * 8, group=1), _prov(tp=4, pp=2, row="canonical"), 3)
+    add("f16-mha-3d", K.CanonicalLayout(
+        model="org/mha-model", kv_dtype="float16", tokens_per_block=8, blocks_per_chunk=1, tokens_per_hash=8,
+        family="mha", layers=tuple(K.LayerSpec(n, "F16", (8, 2, 2, 16)) for n in _names(2))),
+        K.BlockKey("d4" * 16), _prov(), 4)
+    L61 = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", _names(61), 1, 576)
+    add("deepseek-v3-61layers-1token", L61, K.BlockKey("e5" * 16), _prov(tp=8, row="replicated"), 5)
+    Lz = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(4), 16, 128)
+    zpay = bytes(np.random.default_rng(6).integers(0, 4, Lz.payload_bytes, dtype=np.uint8))  # compressible
+    add("zstd-bf16-4layers", Lz, K.BlockKey("f6" * 16), _prov(tp=2, row="replicated"), 6, codec="zstd", payload=zpay)
+    # §7: a newer minor with keys this reader does not know: accepted, keys kept in BlockHeader.extra.
+    f, L, key, pay = base()
+    doc, data = split(f)
+    meta = doc["__metadata__"]
+    meta["kvformat"] = "1.9"
+    meta["kvf.future_field"] = "kept"
+    out["minor-1.9-extra-keys"] = (forge(doc, data), pay, L)
+    return out
+
+
+InvalidSpec = tuple[bytes, str, str, str, dict[str, Any]]  # bytes, error class, MUST id, what, extra expectations
+
+
+def invalid_vectors() -> dict[str, InvalidSpec]:
+    f, L, key, pay = base()
+    doc, data = split(f)
+    Lz = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 4, 32)
+    zpay = bytes(np.random.default_rng(7).integers(0, 4, Lz.payload_bytes, dtype=np.uint8))
+    z = file_bytes(zpay, Lz, key, _prov(), "zstd")
+    zdoc, zdata = split(z)
+    (n,) = struct.unpack_from("<Q", f, 0)
+    v: dict[str, InvalidSpec] = {}
+
+    def add(name: str, b: bytes, err: str, must: str, what: str, **extra: Any) -> None:
+        v[name] = (b, err, must, what, extra)
+
+    # §3 byte layout
+    add("truncated-length", f[:5], "TruncatedError", "F-3.1", "5 bytes: no complete length field", region="length field")
+    add("misaligned-length", struct.pack("<Q", n + 1) + f[8:], "HeaderError", "F-3.2", "8+N is not a multiple of 4096")
+    add("truncated-header", f[:2000], "TruncatedError", "F-3.3", "file ends inside the header region", region="header")
+    add("truncated-data", f[:-1], "TruncatedError", "F-3.4", "file ends 1 byte before the data section does",
+        region="data")
+    add("trailing-bytes", f + b"\0", "HeaderError", "F-3.4", "1 byte after the data section")
+    add("nonspace-padding", forge(dumps(doc) + b"\n", data), "InvalidJSONError", "F-3.5",
+        "a newline (not a space) in the padding after the JSON")
+    # §4 header
+    import safetensors.numpy
+
+    add("plain-safetensors", safetensors.numpy.save({"x": np.zeros((4, 4), dtype=np.float32)}), "NotKVFormatError",
+        "F-4.1", "a plain safetensors file (no kvformat prefix)")
+    add("zero-header", struct.pack("<Q", 4088) + bytes(4088) + data, "NotKVFormatError", "F-4.1",
+        "aligned length field, zero bytes instead of JSON")
+    add("bad-version-syntax", text_edit(f, b'"kvformat":"1.0"', b'"kvformat":"1.x"'), "HeaderError", "F-4.2",
+        "version is not MAJOR.MINOR")
+    add("leading-zero-version", text_edit(f, b'"kvformat":"1.0"', b'"kvformat":"01.0"'), "HeaderError", "F-4.2",
+        "version 01.0 is not canonical decimal")
+    m = doc["__metadata__"]
+    swapped = {"kvformat": m["kvformat"], "kvf.codec": m["kvf.codec"], "kvf.hxxh3": m["kvf.hxxh3"]}
+    swapped.update({k: x for k, x in m.items() if k not in swapped})
+    add("hxxh3-not-second", forge({"__metadata__": swapped, **{k: x for k, x in doc.items() if k != "__metadata__"}},
+                                  data), "HeaderError", "F-4.2", "kvf.hxxh3 is not the second metadata key")
+    add("invalid-json", text_edit(f, b'"kvf.codec":"none"', b'"kvf.codec":none'), "InvalidJSONError", "F-4.3",
+        "a bare word where a string belongs")
+    add("duplicate-key", text_edit(f, b'"kvf.family":"mla"', b'"kvf.family":"mla","kvf.family":"mha"'),
+        "InvalidJSONError", "F-4.3", "kvf.family twice")
+    add("invalid-utf8", text_edit(f, b'"test/tiny-mla"', b'"test/tiny-\xff\xfe"'), "InvalidJSONError", "F-4.3",
+        "model id is not UTF-8")
+    add("missing-key", with_meta(f, kvf__model=None), "SchemaError", "F-4.4", "kvf.model missing", field="kvf.model")
+    add("non-string-value", with_meta(f, kvf__tp=2), "SchemaError", "F-4.4", "kvf.tp is a JSON number",
+        field="kvf.tp")
+    add("noncanonical-int", with_meta(f, kvf__tokens_per_block="04"), "SchemaError", "F-4.5",
+        "tokens_per_block '04' has a leading zero", field="kvf.tokens_per_block")
+    add("unknown-codec", with_meta(f, kvf__codec="lz4"), "SchemaError", "F-4.6", "codec lz4", field="kvf.codec")
+    d2 = json.loads(json.dumps(doc))
+    d2[L.layers[0].name]["dtype"] = "BF17"
+    add("unknown-dtype", forge(d2, data), "SchemaError", "F-4.7", "tensor dtype BF17")
+    d2 = json.loads(json.dumps(doc))
+    d2[L.layers[0].name]["data_offsets"] = [0, 200]
+    d2[L.layers[1].name]["data_offsets"] = [200, 456]
+    add("offsets-size", forge(d2, data[:456]), "SchemaError", "F-4.7", "data_offsets hold 200 bytes, shape needs 256")
+    d2 = json.loads(json.dumps(doc))
+    d2[L.layers[1].name]["data_offsets"] = [258, 514]
+    add("offsets-gap", forge(d2, data[:256] + b"\0\0" + data[256:]), "SchemaError", "F-4.8",
+        "2-byte gap between the tensors")
+    add("shape-blocks-per-chunk", with_meta(f, kvf__blocks_per_chunk="2"), "SchemaError", "F-4.9",
+        "tensor first dim 1, kvf.blocks_per_chunk 2")
+    add("shape-tokens-per-block", with_meta(f, kvf__tokens_per_block="8"), "SchemaError", "F-4.9",
+        "tensor tokens dim 4, kvf.tokens_per_block 8")
+    d2 = json.loads(json.dumps(doc))
+    d2 = {("kvf.extra" if k == L.layers[0].name else k): x for k, x in d2.items()}
+    add("reserved-name", forge(d2, data), "SchemaError", "F-4.10", "a layer named kvf.extra", field="layer.name")
+    add("uppercase-key", with_meta(f, kvf__key=key.hash.upper()), "SchemaError", "F-4.11", "kvf.key in upper case",
+        field="key.hash")
+    add("bad-row", with_meta(f, kvf__row="sideways"), "SchemaError", "F-4.11", "kvf.row not a known row layout",
+        field="kvf.row")
+    add("bad-dxxh3", with_meta(f, kvf__dxxh3="xyz"), "SchemaError", "F-4.11", "kvf.dxxh3 not 16 hex digits",
+        field="kvf.dxxh3")
+    # §5 checksums
+    add("padding-bitflip", flip(f, n + 7, 0), "ChecksumError", "F-5.1", "one bit of the header padding flipped",
+        region="header")
+    hx = f.find(HXXH3_KEY) + len(HXXH3_KEY)
+    stored = f[hx:hx + 16]
+    up = stored.upper()
+    assert up != stored, "the seeded header checksum has no a-f digit; change the seed"
+    add("hxxh3-uppercase", f[:hx] + up + f[hx + 16:], "ChecksumError", "F-5.1",
+        "kvf.hxxh3 digits in upper case (same value, different bytes)", region="header")
+    add("flip-in-codec", text_edit(f, b'"kvf.codec":"none"', b'"kvf.codec":"nonE"', fix_checksum=False),
+        "ChecksumError", "F-5.4", "a flipped bit that also breaks the schema: the checksum is checked first",
+        region="header")
+    add("payload-bitflip", flip(f, len(f) - 100, 3), "ChecksumError", "F-5.2", "one payload bit flipped",
+        region="data", zero_filled=True)
+    add("zstd-raw-mismatch", with_meta(z, kvf__raw_xxh3=xxhash.xxh3_64_hexdigest(b"other")), "ChecksumError",
+        "F-5.3", "kvf.raw_xxh3 does not match the decoded payload", region="raw", zero_filled=True)
+    # §6 compressed variant
+    d2 = json.loads(json.dumps(zdoc))
+    d2 = {("kvf.zst" if k == "kvf.zstd" else k): x for k, x in d2.items()}
+    add("zstd-wrong-tensor", forge(d2, zdata), "SchemaError", "F-6.1", "the compressed tensor is not named kvf.zstd")
+    d2 = json.loads(json.dumps(zdoc))
+    d2["__metadata__"]["kvf.layers"] = '[["a","BF16"]]'
+    add("zstd-bad-layers", forge(d2, zdata), "SchemaError", "F-6.2", "kvf.layers entry without a shape",
+        field="kvf.layers")
+    frame = _codec.compress(zpay + b"\0", 3)
+    d2 = json.loads(json.dumps(zdoc))
+    d2["kvf.zstd"] = {"dtype": "U8", "shape": [len(frame)], "data_offsets": [0, len(frame)]}
+    d2["__metadata__"]["kvf.dxxh3"] = xxhash.xxh3_64_hexdigest(frame)
+    add("zstd-wrong-size", forge(d2, frame), "CodecError", "F-6.3", "frame declares 1 byte more than the layout")
+    cut = zdata[:-3]
+    d2 = json.loads(json.dumps(zdoc))
+    d2["kvf.zstd"] = {"dtype": "U8", "shape": [len(cut)], "data_offsets": [0, len(cut)]}
+    d2["__metadata__"]["kvf.dxxh3"] = xxhash.xxh3_64_hexdigest(cut)
+    add("zstd-truncated-frame", forge(d2, cut), "CodecError", "F-6.4", "frame cut short (checksum of the cut bytes)",
+        zero_filled=True)
+    # §7 versioning
+    add("major-2", text_edit(f, b'"kvformat":"1.0"', b'"kvformat":"2.0"'), "UnsupportedVersionError", "F-7.1",
+        "format major 2")
+    # §8 limits
+    add("oversized-header", struct.pack("<Q", (2 << 20) - 8) + f[8:], "OversizedHeaderError", "F-8.1",
+        "N = 2 MiB - 8", field="header length")
+    many = {"__metadata__": dict(doc["__metadata__"], **{"kvf.tokens_per_block": "1", "kvf.tokens_per_hash": "1"})}
+    for i in range(K.MAX_LAYERS + 1):
+        many[f"l{i}"] = {"dtype": "U8", "shape": [1, 1, 1], "data_offsets": [i, i + 1]}
+    add("too-many-layers", forge(many, bytes(K.MAX_LAYERS + 1)), "SchemaError", "F-8.2", "1025 tensors",
+        field="tensors")
+    d2 = json.loads(json.dumps(doc))
+    d2 = {("x" * 257 if k == L.layers[0].name else k): x for k, x in d2.items()}
+    add("long-name", forge(d2, data), "SchemaError", "F-8.3", "a 257-byte layer name", field="layer.name")
+    big = 1 << 32
+    d2 = {"__metadata__": dict(doc["__metadata__"], **{"kvf.tokens_per_block": "1", "kvf.tokens_per_hash": "1"}),
+          "l0": {"dtype": "U8", "shape": [1, 1, big + 1], "data_offsets": [0, big + 1]}}
+    add("payload-over-4gib", forge(d2, b""), "SchemaError", "F-8.4", "one layer of 4 GiB + 1 byte", field="payload")
+    d2 = json.loads(json.dumps(doc))
+    for name in (L.layers[0].name, L.layers[1].name):
+        d2[name]["shape"] = [1, 4, 2, 2, 2, 4]
+    add("five-dims", forge(d2, data), "SchemaError", "F-8.5", "per-block shape with 5 dimensions",
+        field="layer.shape")
+    # §9 identity: a valid file that is not what the reader asked for
+    other = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 4, 32, tokens_per_hash=8)
+    add("layout-mismatch", f, "LayoutMismatchError", "F-9.1", "valid file; the reader expects tokens_per_hash 8",
+        field="tokens_per_hash", expect_layout=other.to_dict())
+    add("key-mismatch", f, "LayoutMismatchError", "F-9.2", "valid file; the reader expects another block key",
+        field="key", expect_key={"hash": "ff" * 16, "group": 0})
+    return v
+
+
+def layer_xxh3(payload: bytes, L: K.CanonicalLayout) -> dict[str, str]:
+    return {l.name: xxhash.xxh3_64_hexdigest(payload[o:o + n])
+            for l, o, n in zip(L.layers, L.layer_offsets, L.chunk_bytes_per_layer)}
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def generate(outdir: str) -> list[str]:
+    """Write every vector and its expected-result JSON under ``outdir``; return the relative paths written."""
+    written = []
+    for sub in ("valid", "invalid"):
+        os.makedirs(os.path.join(outdir, sub), exist_ok=True)
+    for name, (fb, pay, L) in valid_vectors().items():
+        hdr, _ = K.decode(fb)
+        exp = {"header": hdr.to_dict(), "extra": dict(hdr.extra), "file_xxh3": xxhash.xxh3_64_hexdigest(fb),
+               "relpath": K._spec.block_relpath(hdr.layout, hdr.key), "layers_xxh3": layer_xxh3(pay, L)}
+        _write(os.path.join(outdir, "valid", name + ".kvf"), fb)
+        _write(os.path.join(outdir, "valid", name + ".json"), (json.dumps(exp, indent=1) + "\n").encode())
+        written += [f"valid/{name}.kvf", f"valid/{name}.json"]
+    for name, (fb, err, must, what, extra) in invalid_vectors().items():
+        exp = {"error": err, "must": must, "description": what, **extra}
+        _write(os.path.join(outdir, "invalid", name + ".kvf"), fb)
+        _write(os.path.join(outdir, "invalid", name + ".json"), (json.dumps(exp, indent=1) + "\n").encode())
+        written += [f"invalid/{name}.kvf", f"invalid/{name}.json"]
+    return written
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "spec", "vectors")
+    paths = generate(out)
+    total = sum(os.path.getsize(os.path.join(out, p)) for p in paths)
+    print(f"wrote {len(paths)} files, {total} bytes, under {out}")
