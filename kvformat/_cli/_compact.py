@@ -1,0 +1,373 @@
+"""``kvformat compact SRC DST``: legacy vLLM fs-tier rows -> one TP-independent kvformat file per block.
+
+Every output goes through ``Store.put_block`` (the tier's own write path: temp file + rename, so a
+killed run leaves no partial file under a final name). Outputs are deterministic (provenance
+``created`` is the source file's mtime, the writer string is fixed), so a re-run after ``kill -9``
+skips what was done and produces the same tree as one clean run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, TextIO
+
+from .. import __version__
+from .._header import encode_header
+from .._io import TMP_PREFIX
+from .._spec import block_relpath
+from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
+from ..legacy import (
+    Ignored, LegacyFile, LegacyNamespace, RowLayout, extract_payload, find_namespaces, infer_row, iter_legacy_files,
+    key_for, provenance_for,
+)
+from ..storage import LocalStore, Store, open_store
+from ._util import Progress, human
+
+WRITER = f"kvformat-compact {__version__}"  # fixed: outputs must not depend on when/where they were made
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass
+class FileResult:
+    status: str  # converted | skipped | failed | would_write
+    src: str
+    rel: str = ""
+    before: int = 0
+    after: int = 0
+    error: str = ""
+    reason: str = ""
+    deleted: bool = False
+
+
+@dataclass
+class CompactReport:
+    """Everything a compaction did; ``to_dict`` is the ``--json`` output."""
+
+    src: str
+    dst: str
+    dry_run: bool
+    jobs: int
+    converted: int = 0
+    skipped: int = 0
+    failed: int = 0
+    ignored: list[Ignored] = field(default_factory=list)
+    failures: list[FileResult] = field(default_factory=list)
+    layout_errors: list[str] = field(default_factory=list)
+    would_write: list[FileResult] = field(default_factory=list)
+    bytes_before: int = 0
+    bytes_after: int = 0
+    bytes_read: int = 0
+    deleted_sources: int = 0
+    elapsed_s: float = 0.0
+    namespaces: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.layout_errors:
+            return 2
+        return 1 if self.failed else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": "compact", "src": self.src, "dst": self.dst, "dry_run": self.dry_run, "jobs": self.jobs,
+            "converted": self.converted, "skipped": self.skipped, "failed": self.failed,
+            "ignored": len(self.ignored), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+            "bytes_saved": self.bytes_before - self.bytes_after, "bytes_read": self.bytes_read,
+            "deleted_sources": self.deleted_sources, "elapsed_s": round(self.elapsed_s, 6),
+            "throughput_bytes_per_s": round(self.bytes_read / self.elapsed_s) if self.elapsed_s > 0 else 0,
+            "namespaces": self.namespaces,
+            "failures": [{"path": f.src, "reason": f.reason, "error": f.error} for f in self.failures],
+            "ignored_paths": [{"path": i.path, "why": i.why} for i in self.ignored],
+            "layout_errors": self.layout_errors,
+            "would_write": [{"path": f.rel, "src": f.src, "before": f.before, "after": f.after}
+                            for f in self.would_write],
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclass(frozen=True)
+class _Task:
+    file: LegacyFile
+    row: RowLayout
+    rel: str
+    after: int
+
+
+class _Compactor:
+    def __init__(self, store: Store, *, codec: str, level: int, delete_source: bool, fsync: bool) -> None:
+        self.store = store
+        self.codec = codec
+        self.level = level
+        self.delete_source = delete_source
+        self.fsync = fsync
+        self._tls = threading.local()
+        self._local_root = store.root if isinstance(store, LocalStore) else None
+
+    def _buf(self, n: int) -> memoryview:
+        b = getattr(self._tls, "buf", None)
+        if b is None or len(b) < n:
+            b = self._tls.buf = bytearray(n)
+        return memoryview(b)[:n]
+
+    def _out_buf(self, n: int) -> memoryview:
+        b = getattr(self._tls, "out", None)
+        if b is None or len(b) < n:
+            b = self._tls.out = bytearray(n)
+        return memoryview(b)[:n]
+
+    def _valid_output(self, t: _Task, full: bool) -> bool:
+        try:
+            if full:
+                hdr = self.store.read_into(t.rel, self._out_buf(t.row.layout.payload_bytes), expect=t.row.layout,
+                                           key=key_for(t.file), verify=True)
+            else:
+                hdr = self.store.read_header(t.rel, verify=True)
+        except FileNotFoundError:
+            return False
+        except KVFormatError:
+            return False
+        return hdr.layout == t.row.layout and hdr.key == key_for(t.file)
+
+    def run(self, t: _Task) -> FileResult:
+        f, row = t.file, t.row
+        res = FileResult("converted", f.path, t.rel, f.size, t.after)
+        try:
+            existing = self.store.exists(t.rel)
+            if existing and self._valid_output(t, full=self.delete_source):
+                res.status = "skipped"
+                res.after = self._size(t)
+                self._maybe_delete(res)
+                return res
+            buf = self._buf(row.row_bytes)
+            fd = os.open(f.path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                got = _read_exact(fd, buf)
+            finally:
+                os.close(fd)
+            if st.st_size != row.row_bytes or got != row.row_bytes:
+                return FileResult("failed", f.path, t.rel, f.size, error=f"size changed to {st.st_size} bytes "
+                                  f"while compacting (row is {row.row_bytes})", reason="SizeChanged")
+            payload = extract_payload(row, buf, path=f.path)
+            prov = provenance_for(row, int(st.st_mtime), WRITER)
+            rel, n, _ = self.store.put_block(payload, row.layout, key_for(f), provenance=prov, codec=self.codec,
+                                             level=self.level, fsync=self.fsync, overwrite=existing)
+            res.after = n
+            if self._local_root is not None:  # keep the LRU clock: the block was last used when vLLM wrote it
+                os.utime(os.path.join(self._local_root, rel), ns=(st.st_atime_ns, st.st_mtime_ns))
+            if self.delete_source:
+                if not self._valid_output(t, full=True):
+                    return FileResult("failed", f.path, t.rel, f.size, error="output did not verify after writing; "
+                                      "source kept", reason="VerifyFailed")
+                self._maybe_delete(res)
+            return res
+        except ReplicaMismatchError as e:
+            return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
+        except KVFormatError as e:
+            return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
+        except FileNotFoundError:
+            return FileResult("failed", f.path, t.rel, f.size, error="source vanished", reason="FileNotFoundError")
+
+    def _size(self, t: _Task) -> int:
+        try:
+            return self.store.read_header(t.rel, verify=False).file_bytes
+        except (KVFormatError, FileNotFoundError):
+            return t.after
+
+    def _maybe_delete(self, res: FileResult) -> None:
+        if self.delete_source:
+            try:
+                os.unlink(res.src)
+                res.deleted = True
+            except FileNotFoundError:
+                pass
+
+
+def _read_exact(fd: int, buf: memoryview) -> int:
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def _header_bytes(row: RowLayout, f: LegacyFile) -> int:
+    hdr = encode_header(row.layout, key_for(f), provenance_for(row, int(f.mtime), WRITER), codec="none",
+                        data_bytes=row.layout.payload_bytes, data_xxh3="0" * 16, raw_xxh3="0" * 16)
+    return len(hdr)
+
+
+def _sweep_dead_temps(root: str) -> int:
+    """Remove temp files of writers that are gone (pid in the name no longer runs, or older than an hour).
+
+    A live writer's temp file is never touched: its pid still runs. Assumes DST is written from this
+    host (pids of other hosts cannot be checked; their temp files go after an hour).
+    """
+    n, now = 0, time.time()
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if not name.startswith(TMP_PREFIX):
+                continue
+            p = os.path.join(dirpath, name)
+            pid_s = name[len(TMP_PREFIX):].split("-", 1)[0]
+            alive = False
+            if pid_s.isdigit():
+                try:
+                    os.kill(int(pid_s), 0)
+                    alive = True
+                except ProcessLookupError:
+                    alive = False
+                except PermissionError:
+                    alive = True
+            try:
+                if not alive or now - os.lstat(p).st_mtime > 3600:
+                    os.unlink(p)
+                    n += 1
+            except FileNotFoundError:
+                pass
+    return n
+
+
+def _prune_empty_dirs(ns: LegacyNamespace) -> None:
+    for _rank, rdir in ns.rank_dirs:
+        for dirpath, _dirs, _files in os.walk(rdir, topdown=False):
+            if dirpath == rdir:
+                continue
+            try:
+                os.rmdir(dirpath)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise
+
+
+def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_source: bool = False,
+            page_bytes: int | None = None, codec: str = "none", level: int = 3, fsync: bool = False,
+            progress: bool = True, stream: TextIO | None = None) -> CompactReport:
+    """Compact the legacy root ``src`` into the kvformat root ``dst``. See the module docstring.
+
+    Raises LegacyLayoutError when ``src`` is not a legacy root; OSError passes through.
+    """
+    t0 = time.monotonic()
+    stream = stream or sys.stderr
+    namespaces = find_namespaces(src)
+    if not namespaces:
+        raise LegacyLayoutError(f"{src} is not a vLLM fs-tier root: no <model>_<digest>/config.json under it")
+    rep = CompactReport(src=src, dst=dst, dry_run=dry_run, jobs=jobs)
+    tasks: list[_Task] = []
+    for ns in namespaces:
+        files = list(iter_legacy_files(ns, rep.ignored, src))
+        by_group: dict[int, list[LegacyFile]] = {}
+        for f in files:
+            by_group.setdefault(f.group, []).append(f)
+        for group, gfiles in sorted(by_group.items()):
+            size = Counter(f.size for f in gfiles).most_common(1)[0][0]
+            try:
+                row = infer_row(ns, group, size, page_bytes=page_bytes)
+            except LegacyLayoutError as e:
+                e.with_path(os.path.join(ns.root, ns.base))
+                rep.layout_errors.append(str(e))
+                for f in gfiles:
+                    rep.ignored.append(Ignored(f.path, f"row layout unknown: {e.message}"))
+                continue
+            hdr_bytes = _header_bytes(row, gfiles[0])
+            n_ok = 0
+            for f in gfiles:
+                if f.size != row.row_bytes:
+                    rep.ignored.append(Ignored(f.path, f"size {f.size} fits no row layout of this namespace "
+                                               f"(rows are {row.row_bytes} bytes)"))
+                    continue
+                tasks.append(_Task(f, row, block_relpath(row.layout, key_for(f)), hdr_bytes + row.layout.payload_bytes))
+                n_ok += 1
+            rep.namespaces.append({
+                "legacy": ns.base, "group": group, "namespace": row.layout.namespace(), "model": ns.model,
+                "row": row.kind, "slots": row.copies, "page_bytes": row.page_bytes, "row_bytes": row.row_bytes,
+                "padding": row.padding, "files": n_ok,
+            })
+    store = None if dry_run else open_store(dst)
+    if store is not None:
+        if isinstance(store, LocalStore):
+            _sweep_dead_temps(store.root)
+        seen = set()
+        for t in tasks:
+            if t.row.layout.namespace() not in seen:
+                seen.add(t.row.layout.namespace())
+                store.ensure_namespace(t.row.layout)
+    if dry_run:
+        dst_store = open_store(dst) if os.path.isdir(dst) or "://" in dst else None
+        for t in tasks:
+            if dst_store is not None and dst_store.exists(t.rel):
+                rep.skipped += 1
+                continue
+            rep.would_write.append(FileResult("would_write", t.file.path, t.rel, t.file.size, t.after))
+            rep.bytes_before += t.file.size
+            rep.bytes_after += t.after
+        rep.elapsed_s = time.monotonic() - t0
+        return rep
+
+    assert store is not None
+    worker = _Compactor(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync)
+    bar = Progress(len(tasks), sum(t.file.size for t in tasks), label="compact", stream=stream, enabled=progress)
+    for ig in rep.ignored:
+        bar.note(f"ignored {ig.path}: {ig.why}")
+
+    def handle(r: FileResult) -> None:
+        if r.status == "failed":
+            rep.failed += 1
+            rep.failures.append(r)
+            bar.note(f"FAILED {r.src}: {r.error} (source kept)")
+        else:
+            if r.status == "converted":
+                rep.converted += 1
+                rep.bytes_read += r.before
+            else:
+                rep.skipped += 1
+            rep.bytes_before += r.before
+            rep.bytes_after += r.after
+            rep.deleted_sources += int(r.deleted)
+        bar.update(r.before)
+
+    if jobs <= 1:
+        for t in tasks:
+            handle(worker.run(t))
+    else:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kvf-compact") as ex:
+            for r in ex.map(worker.run, tasks):
+                handle(r)
+    bar.close()
+    if delete_source:
+        for ns in namespaces:
+            _prune_empty_dirs(ns)
+    rep.elapsed_s = time.monotonic() - t0
+    return rep
+
+
+def summary_lines(rep: CompactReport) -> Iterable[str]:
+    """The human summary printed at the end."""
+    if rep.dry_run:
+        for f in rep.would_write:
+            yield f"would write {f.rel}  ({human(f.before)} -> {human(f.after)})"
+    for ns in rep.namespaces:
+        yield (f"{ns['legacy']} g{ns['group']} -> {ns['namespace']}: {ns['files']} files, {ns['row']} rows of "
+               f"{ns['slots']} slot(s), page {ns['page_bytes']} B, padding {ns['padding']} B")
+    for e in rep.layout_errors:
+        yield f"error: {e}"
+    saved = rep.bytes_before - rep.bytes_after
+    pct = 100.0 * saved / rep.bytes_before if rep.bytes_before else 0.0
+    verb = "would convert" if rep.dry_run else "converted"
+    yield (f"{verb} {len(rep.would_write) if rep.dry_run else rep.converted}, skipped {rep.skipped}, "
+           f"failed {rep.failed}, ignored {len(rep.ignored)}")
+    yield f"bytes before {human(rep.bytes_before)}, after {human(rep.bytes_after)}, saved {human(saved)} ({pct:.1f}%)"
+    if not rep.dry_run:
+        rate = rep.bytes_read / rep.elapsed_s if rep.elapsed_s > 0 else 0.0
+        yield f"read {human(rep.bytes_read)} in {rep.elapsed_s:.2f} s ({human(rate)}/s), jobs {rep.jobs}"
+        if rep.deleted_sources:
+            yield f"deleted {rep.deleted_sources} source files (outputs verified first)"

@@ -1,0 +1,126 @@
+"""The documented schema of ``kvformat inspect --json`` (docs/cli.md prints it; a test checks both).
+
+A JSON-Schema subset (type, properties, required, items, enum, anyOf, additionalProperties) and a
+tiny validator for it, so the check needs no extra package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_BAD = {"type": "array", "items": {"type": "object", "required": ["path", "reason", "message"],
+                                    "properties": {"path": _STR, "reason": _STR, "message": _STR}}}
+
+_NAMESPACE = {
+    "type": "object",
+    "required": ["namespace", "model", "kv_dtype", "tokens_per_block", "blocks_per_chunk", "layers", "files", "bytes",
+                 "tp_sizes", "compression_ratio", "corrupt", "oldest", "newest", "bad_files"],
+    "properties": {
+        "namespace": _STR, "model": {"type": ["string", "null"]}, "kv_dtype": {"type": ["string", "null"]},
+        "tokens_per_block": {"type": ["integer", "null"]}, "blocks_per_chunk": {"type": ["integer", "null"]},
+        "layers": {"type": ["integer", "null"]}, "files": _INT, "bytes": _INT,
+        "tp_sizes": {"type": "array", "items": _INT}, "compression_ratio": _NUM_OR_NULL, "corrupt": _INT,
+        "oldest": _NUM_OR_NULL, "newest": _NUM_OR_NULL, "bad_files": _BAD,
+        "group": _INT,
+        "legacy": {"type": "object",
+                   "required": ["row", "slots", "page_bytes", "row_bytes", "padding", "digest_ok", "compacted_bytes",
+                                "compacted_namespace", "error"],
+                   "properties": {"row": {"type": ["string", "null"], "enum": ["replicated", "per_worker", "canonical",
+                                                                                 None]},
+                                  "slots": {"type": ["integer", "null"]}, "page_bytes": {"type": ["integer", "null"]},
+                                  "row_bytes": {"type": ["integer", "null"]}, "padding": {"type": ["integer", "null"]},
+                                  "digest_ok": {"type": "boolean"}, "compacted_bytes": {"type": ["integer", "null"]},
+                                  "compacted_namespace": {"type": ["string", "null"]},
+                                  "error": {"type": ["string", "null"]}}},
+    },
+}
+
+_FILE = {
+    "type": "object",
+    "required": ["kind", "path", "header", "layers", "checksum", "error"],
+    "properties": {
+        "kind": {"enum": ["file"]}, "path": _STR,
+        "header": {"anyOf": [{"type": "null"}, {
+            "type": "object",
+            "required": ["version", "layout", "namespace", "key", "provenance", "codec", "level", "data_offset",
+                         "data_bytes", "raw_bytes", "file_bytes", "checksums", "ratio"],
+            "properties": {
+                "version": _STR, "namespace": _STR, "codec": {"enum": ["none", "zstd"]},
+                "level": {"type": ["integer", "null"]}, "data_offset": _INT, "data_bytes": _INT, "raw_bytes": _INT,
+                "file_bytes": _INT, "ratio": {"type": "number"},
+                "layout": {"type": "object", "required": ["model", "revision", "kv_dtype", "family", "tokens_per_block",
+                                                          "blocks_per_chunk", "tokens_per_hash", "group", "layers"]},
+                "key": {"type": "object", "required": ["hash", "group"],
+                        "properties": {"hash": _STR, "group": _INT}},
+                "provenance": {"type": "object", "required": ["tp", "pp", "dcp", "pcp", "row", "writer", "created"]},
+                "checksums": {"type": "object", "required": ["header_xxh3", "data_xxh3", "raw_xxh3"]},
+            }}]},
+        "layers": {"type": "array", "items": {
+            "type": "object", "required": ["name", "dtype", "shape", "offset", "bytes"],
+            "properties": {"name": _STR, "dtype": _STR, "shape": {"type": "array", "items": _INT}, "offset": _INT,
+                           "bytes": _INT}}},
+        "checksum": {"type": "object", "required": ["header", "data"],
+                     "properties": {"header": {"enum": ["ok", "bad", "unknown"]},
+                                    "data": {"enum": ["ok", "bad", "skipped"]}}},
+        "error": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["reason", "message"]}]},
+    },
+}
+
+_ROOT = {
+    "type": "object",
+    "required": ["kind", "path", "verified_data", "namespaces", "totals"],
+    "properties": {
+        "kind": {"enum": ["kvformat_root", "legacy_root"]}, "path": _STR, "verified_data": {"type": "boolean"},
+        "namespaces": {"type": "array", "items": _NAMESPACE},
+        "totals": {"type": "object", "required": ["namespaces", "files", "bytes", "corrupt"],
+                   "properties": {"namespaces": _INT, "files": _INT, "bytes": _INT, "corrupt": _INT}},
+        "ignored": {"type": "array", "items": {"type": "object", "required": ["path", "why"]}},
+    },
+}
+
+INSPECT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "kvformat inspect --json",
+    "anyOf": [_FILE, _ROOT],
+}
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def _is(value: Any, t: str) -> bool:
+    if t == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _TYPES[t])
+
+
+def validate(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
+    """Errors of ``value`` against ``schema`` (empty when it conforms)."""
+    errs: list[str] = []
+    if "anyOf" in schema:
+        alts = [validate(value, s, where) for s in schema["anyOf"]]
+        if all(alts):
+            errs.append(f"{where}: matches no alternative ({'; '.join(a[0] for a in alts)})")
+        return errs
+    t = schema.get("type")
+    if t is not None:
+        types = t if isinstance(t, list) else [t]
+        if not any(_is(value, x) for x in types):
+            return [f"{where}: expected {t}, got {type(value).__name__}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errs.append(f"{where}: {value!r} not in {schema['enum']}")
+    if isinstance(value, dict):
+        for k in schema.get("required", []):
+            if k not in value:
+                errs.append(f"{where}: missing {k!r}")
+        for k, sub in schema.get("properties", {}).items():
+            if k in value:
+                errs += validate(value[k], sub, f"{where}.{k}")
+    if isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            errs += validate(v, schema["items"], f"{where}[{i}]")
+    return errs

@@ -1,0 +1,427 @@
+"""Reading vLLM's built-in fs-tier trees (the "legacy" files kvformat compacts).
+
+vLLM 0.33's ``FileSystemTierManager`` (``vllm/v1/kv_offload/tiering/fs/``, ``file_mapper.py``) writes::
+
+    <root>/<model '/'->'_'>_<sha256(fields)[:12]>/config.json
+    <root>/<model '/'->'_'>_<sha256(fields)[:12]>_r<rank>/<hash[:3]>/<hash[3:5]>_g<group>/<hash>.bin
+
+Each ``.bin`` is one whole primary row, raw bytes, no header: ``|W0|W1|...|W(n-1)|pad|`` (one slot per
+worker) or ``|slot|pad|`` (``replicated_layout``), padded to a multiple of 4096. A slot holds, per layer
+in the group's layer order, ``page_bytes * blocks_per_file`` bytes. config.json does not record the
+per-layer page size, so it is inferred from the file size (:func:`infer_row`); ``page_bytes`` is the
+hint when that is ambiguous.
+
+Supported rows: replicated, per-worker (TP only: every slot must hold the same MLA latent, which is
+checked byte for byte), and canonical (pages from offset 0). Refused with :class:`LegacyLayoutError`:
+pipeline parallel (stage slots hold different layers and config.json does not say which stage owns
+which layers) and decode/prefill context parallel (slots hold different tokens).
+
+This module reads only; it never imports vLLM. :func:`legacy_paths` and :func:`write_legacy_row`
+reproduce vLLM's naming for demos and tests (tests check them against vLLM's own ``FileMapper``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+from ._header import xxh3_hex
+from ._io import write_atomic
+from ._spec import DTYPE_SIZES, BlockKey, CanonicalLayout, Provenance, st_dtype_for
+from .errors import LegacyLayoutError, ReplicaMismatchError
+
+__all__ = [
+    "ROW_ALIGN", "LegacyNamespace", "LegacyFile", "RowLayout", "Ignored", "find_namespaces", "is_legacy_root",
+    "iter_legacy_files", "infer_row", "extract_payload", "legacy_fields", "legacy_paths", "write_legacy_row",
+]
+
+ROW_ALIGN = 4096  # vLLM SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT: rows are padded to this
+CONFIG_FILE = "config.json"
+_BASE_RE = re.compile(r"^(?P<model>.+)_(?P<digest>[0-9a-f]{12})$")
+_RANK_RE = re.compile(r"^(?P<base>.+_[0-9a-f]{12})_r(?P<rank>[0-9]+)$")
+_HASH_RE = re.compile(r"^[0-9a-f]{2,128}$")
+_GROUP_RE = re.compile(r"^(?P<hh>[0-9a-f]{2})_g(?P<group>[0-9]+)$")
+# Latent widths (elements per token) of shipped MLA models: DeepSeek V2/V3/R1, Kimi K2 (512 + 64 rope),
+# MiniCPM3 (256 + 32). Used only to break ties when several page sizes fit a padded row.
+KNOWN_MLA_WIDTHS = (576, 288)
+_PACKED_WIDTH_BYTES = {"fp8_ds_mla": (656,)}  # bytes per token of packed formats
+_LEGACY_ITEMSIZE = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
+                    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": 1}
+
+try:  # memcmp releases the GIL and stops at the first difference; memoryview == is ~50x slower
+    _memcmp = ctypes.CDLL(None).memcmp
+    _memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    _memcmp.restype = ctypes.c_int
+except (OSError, AttributeError):  # pragma: no cover - non-glibc platforms
+    _memcmp = None
+
+
+@dataclass(frozen=True)
+class LegacyNamespace:
+    """One ``<model>_<digest>`` directory of a legacy root: its config.json and rank directories."""
+
+    root: str
+    base: str  # "<model>_<digest>"
+    config: Mapping[str, Any]
+    rank_dirs: tuple[tuple[int, str], ...]  # (rank, absolute path)
+    digest_ok: bool  # sha256 of config.json fields reproduces the directory digest
+
+    @property
+    def model(self) -> str:
+        return str(self.config.get("model_name", ""))
+
+    @property
+    def dtype(self) -> str:
+        return str(self.config.get("dtype", ""))
+
+    @property
+    def blocks_per_file(self) -> int:
+        return int(self.config.get("blocks_per_file", 1))
+
+    @property
+    def tokens_per_hash(self) -> int:
+        return int(self.config.get("tokens_per_hash", 0))
+
+    @property
+    def replicated(self) -> bool:
+        return bool(self.config.get("replicated_layout", False))
+
+    @property
+    def canonical_format(self) -> str | None:
+        cf = self.config.get("canonical_format")
+        return str(cf) if cf is not None else None
+
+    def groups(self) -> list[Mapping[str, Any]]:
+        return list(self.config.get("kv_cache_groups") or [])
+
+    def parallel(self) -> dict[str, int]:
+        return {k: int(self.config.get(f"{k}_size", 1)) for k in ("tp", "pp", "pcp", "dcp")}
+
+
+@dataclass(frozen=True)
+class LegacyFile:
+    """One legacy block file."""
+
+    path: str
+    rank: int
+    group: int
+    hash: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A path under a legacy root that is not converted, and why."""
+
+    path: str
+    why: str
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How one legacy row is laid out, and the kvformat layout its payload gets."""
+
+    kind: str  # "replicated" | "per_worker" | "canonical" (kvformat Provenance.row values)
+    copies: int  # worker slots in the row
+    page_bytes: int  # one block of one layer
+    slot_bytes: int  # one worker's slot: n_layers * page_bytes * blocks_per_file
+    row_bytes: int  # file size: round_up(slot_bytes * copies, 4096)
+    layout: CanonicalLayout
+    provenance_tp: int
+    parallel: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def padding(self) -> int:
+        return self.row_bytes - self.slot_bytes * self.copies
+
+
+def _round_up(n: int, a: int = ROW_ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def legacy_fields(model: str, *, tokens_per_hash: int, blocks_per_file: int, dtype: str,
+                  kv_cache_groups: Sequence[Mapping[str, Any]], tp: int = 1, pp: int = 1, pcp: int = 1,
+                  dcp: int = 1, replicated: bool = False, canonical_format: str | None = None,
+                  inference_engine: str = "vllm") -> dict[str, Any]:
+    """The hashed ``fields`` of vLLM's FileMapper as its fs tier builds them (parallel_agnostic when replicated)."""
+    agnostic = replicated
+    if agnostic:
+        tp = pp = pcp = dcp = 1
+    f: dict[str, Any] = {
+        "model_name": model, "tokens_per_hash": tokens_per_hash, "blocks_per_file": blocks_per_file,
+        "tp_size": tp, "pp_size": pp, "pcp_size": pcp, "dcp_size": dcp, "dtype": str(dtype),
+        "kv_cache_groups": [dict(g) for g in kv_cache_groups], "inference_engine": inference_engine,
+    }
+    if not agnostic:
+        f["parallel_agnostic"] = False
+    if replicated:
+        f["replicated_layout"] = True
+    if canonical_format is not None:
+        f["canonical_format"] = canonical_format
+    return f
+
+
+def _digest(fields: Mapping[str, Any]) -> str:
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def legacy_paths(root: str, fields: Mapping[str, Any], block_hash: str, group: int = 0,
+                 rank: int = 0) -> tuple[str, str]:
+    """``(config.json path, block file path)`` exactly as vLLM's FileMapper names them."""
+    base = f"{root}/{fields['model_name'].replace('/', '_')}_{_digest(fields)}"
+    return f"{base}/{CONFIG_FILE}", f"{base}_r{rank}/{block_hash[:3]}/{block_hash[3:5]}_g{group}/{block_hash}.bin"
+
+
+def write_legacy_row(root: str, fields: Mapping[str, Any], block_hash: str, row: Any, *, group: int = 0,
+                     rank: int = 0) -> str:
+    """Write one legacy block file (and config.json if missing) as vLLM's fs tier does. Returns its path."""
+    cfg, path = legacy_paths(root, fields, block_hash, group, rank)
+    if not os.path.exists(cfg):
+        os.makedirs(os.path.dirname(cfg), exist_ok=True)
+        with open(cfg, "w") as f:
+            json.dump(dict(fields), f, indent=2, sort_keys=True)
+    write_atomic(path, [row])
+    return path
+
+
+# -- discovery ---------------------------------------------------------------------------------------
+def _inside(path: str, root_real: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root_real or real.startswith(root_real + os.sep)
+
+
+def is_legacy_root(root: str) -> bool:
+    """True when ``root`` holds at least one ``<model>_<digest>/config.json`` of vLLM's fs tier."""
+    return bool(find_namespaces(root, _probe=True))
+
+
+def find_namespaces(root: str, *, _probe: bool = False) -> list[LegacyNamespace]:
+    """Every legacy namespace directly under ``root`` (sorted by directory name).
+
+    Raises LegacyLayoutError for a config.json that is not valid JSON or lacks the fields vLLM writes.
+    """
+    try:
+        names = sorted(os.listdir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    ranks: dict[str, list[tuple[int, str]]] = {}
+    for n in names:
+        m = _RANK_RE.match(n)
+        if m and os.path.isdir(os.path.join(root, n)):
+            ranks.setdefault(m["base"], []).append((int(m["rank"]), os.path.join(root, n)))
+    for n in names:
+        if not _BASE_RE.match(n):
+            continue
+        cfg_path = os.path.join(root, n, CONFIG_FILE)
+        if not os.path.isfile(cfg_path):
+            continue
+        if _probe:
+            return [LegacyNamespace(root, n, {}, (), False)]
+        try:
+            with open(cfg_path, "rb") as f:
+                cfg = json.loads(f.read())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LegacyLayoutError(f"config.json is not valid JSON: {e}", path=cfg_path) from None
+        if not isinstance(cfg, dict) or "model_name" not in cfg or "kv_cache_groups" not in cfg:
+            raise LegacyLayoutError("config.json lacks model_name/kv_cache_groups (not a vLLM fs-tier config)",
+                                    path=cfg_path)
+        out.append(LegacyNamespace(root, n, cfg, tuple(sorted(ranks.get(n, []))), _digest(cfg) == n[-12:]))
+    return out
+
+
+def iter_legacy_files(ns: LegacyNamespace, ignored: list[Ignored] | None = None,
+                      src_root: str | None = None) -> Iterator[LegacyFile]:
+    """Block files of a namespace in a stable order (rank, then path).
+
+    Symlinks are followed only while they stay inside ``src_root`` (default: the namespace's root);
+    those that leave it, in-flight vLLM temp files and names that do not follow vLLM's scheme are
+    skipped and, when ``ignored`` is given, recorded there.
+    """
+    root_real = os.path.realpath(src_root or ns.root)
+
+    def skip(path: str, why: str) -> None:
+        if ignored is not None:
+            ignored.append(Ignored(path, why))
+
+    for rank, rdir in ns.rank_dirs:
+        if os.path.islink(rdir) and not _inside(rdir, root_real):
+            skip(rdir, "symlink leaves the source root")
+            continue
+        for d1 in _sorted_scandir(rdir):
+            if not _dir_ok(d1, root_real, skip):
+                continue
+            for d2 in _sorted_scandir(d1.path):
+                if not _dir_ok(d2, root_real, skip):
+                    continue
+                m = _GROUP_RE.match(d2.name)
+                if not m:
+                    skip(d2.path, "not a <hh>_g<group> directory")
+                    continue
+                group = int(m["group"])
+                for e in _sorted_scandir(d2.path):
+                    name = e.name
+                    if name.endswith(".tmp") and ".bin_" in name:
+                        skip(e.path, "vLLM temp file (write in flight or crashed)")
+                        continue
+                    h = name[:-4] if name.endswith(".bin") else ""
+                    if not h or not _HASH_RE.match(h) or h[:3] != d1.name or h[3:5] != m["hh"]:
+                        skip(e.path, "not a vLLM block file name")
+                        continue
+                    try:
+                        if e.is_symlink():
+                            if not _inside(e.path, root_real):
+                                skip(e.path, "symlink leaves the source root")
+                                continue
+                            st = os.stat(e.path)
+                        else:
+                            st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode):
+                        skip(e.path, "not a regular file")
+                        continue
+                    yield LegacyFile(e.path, rank, group, h, st.st_size, st.st_mtime)
+
+
+def _sorted_scandir(d: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(d) as it:
+            return sorted(it, key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _dir_ok(e: os.DirEntry[str], root_real: str, skip: Any) -> bool:
+    if e.is_symlink():
+        if not _inside(e.path, root_real):
+            skip(e.path, "symlink leaves the source root")
+            return False
+        return os.path.isdir(e.path)
+    if not e.is_dir(follow_symlinks=False):
+        skip(e.path, "not a vLLM directory level")
+        return False
+    return True
+
+
+# -- row layout ---------------------------------------------------------------------------------------
+def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: int | None = None) -> RowLayout:
+    """The row layout of a ``file_size``-byte file of ``group``, from config.json and the size.
+
+    Unknowns are the per-layer page size and the padding: ``row = round_up(n_layers * page * bpf * copies,
+    4096)``. When several page sizes fit (small models, padded rows), a known MLA latent width breaks
+    the tie; otherwise ``page_bytes`` (CLI ``--page-bytes``) must say.
+
+    Raises LegacyLayoutError (``hint`` names the CLI flag when a hint would resolve it).
+    """
+    where = os.path.join(ns.root, ns.base, CONFIG_FILE)
+    groups = ns.groups()
+    if not 0 <= group < len(groups):
+        raise LegacyLayoutError(f"group {group} is not in config.json ({len(groups)} groups)", path=where)
+    g = groups[group]
+    names = list(g.get("layer_names") or [])
+    tpb = int(g.get("tokens_per_block", 0))
+    if not names or tpb <= 0:
+        raise LegacyLayoutError(f"group {group} has no layers or tokens_per_block", path=where)
+    par = ns.parallel()
+    if par["pp"] > 1:
+        raise LegacyLayoutError(
+            f"pipeline-parallel rows (pp_size={par['pp']}) are not supported: each stage's slot holds only its "
+            "own layers and config.json does not record which layers a stage owns", path=where)
+    if par["dcp"] > 1 or par["pcp"] > 1:
+        raise LegacyLayoutError(
+            f"context-parallel rows (dcp_size={par['dcp']}, pcp_size={par['pcp']}) are not supported: worker "
+            "slots hold different tokens of a block", path=where)
+    dtype = ns.dtype
+    bpf = ns.blocks_per_file
+    kind = "canonical" if ns.canonical_format else ("replicated" if ns.replicated else "per_worker")
+    copies = 1 if kind != "per_worker" else par["tp"]
+    unit = len(names) * bpf * copies  # bytes of the row per byte of page
+    if page_bytes is not None:
+        pages = [page_bytes] if _round_up(page_bytes * unit) == file_size else []
+        if not pages:
+            raise LegacyLayoutError(
+                f"--page-bytes {page_bytes} gives a {_round_up(page_bytes * unit)}-byte row, the file has {file_size}")
+    else:
+        if file_size <= 0 or file_size % ROW_ALIGN:
+            raise LegacyLayoutError(f"size {file_size} is not a multiple of {ROW_ALIGN}: fits no row layout")
+        step = tpb  # a page holds tokens_per_block tokens of whole bytes
+        lo = (file_size - ROW_ALIGN) // unit + 1
+        hi = file_size // unit
+        pages = [p for p in range(-(-lo // step) * step, hi + 1, step) if p > 0]
+        if len(pages) > 1:
+            known = [w * tpb * _LEGACY_ITEMSIZE.get(dtype, 1) for w in KNOWN_MLA_WIDTHS]
+            known += [w * tpb for w in _PACKED_WIDTH_BYTES.get(dtype, ())]
+            pick = [p for p in pages if p in known]
+            if len(pick) != 1:
+                raise LegacyLayoutError(
+                    f"{len(pages)} page sizes fit a {file_size}-byte row of {len(names)} layers x {bpf} blocks x "
+                    f"{copies} slots ({pages[0]}..{pages[-1]} bytes)", hint="--page-bytes", path=where)
+            pages = pick
+        if not pages:
+            raise LegacyLayoutError(f"size {file_size} fits no row of {len(names)} layers x {bpf} blocks x "
+                                    f"{copies} slots")
+    page = pages[0]
+    layout = _canonical_layout(ns, group, names, tpb, page)
+    return RowLayout(kind=kind, copies=copies, page_bytes=page, slot_bytes=page * len(names) * bpf,
+                     row_bytes=file_size, layout=layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
+                     parallel=par)
+
+
+def _canonical_layout(ns: LegacyNamespace, group: int, names: list[str], tpb: int, page: int) -> CanonicalLayout:
+    dtype = ns.dtype
+    st = st_dtype_for(dtype)
+    item = DTYPE_SIZES[st]
+    per_token = page // tpb
+    if page % tpb or per_token % item:
+        raise LegacyLayoutError(f"page of {page} bytes is not {tpb} tokens of whole {dtype} elements",
+                                hint="--page-bytes")
+    return CanonicalLayout.uniform(ns.model, dtype, names, tpb, per_token // item, blocks_per_chunk=ns.blocks_per_file,
+                                   tokens_per_hash=ns.tokens_per_hash or tpb, group=group)
+
+
+def _addr(buf: memoryview) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+
+
+def extract_payload(row: RowLayout, buf: memoryview, *, path: str | None = None) -> memoryview:
+    """The canonical payload of a row held in ``buf`` (a writable buffer of ``row.row_bytes``).
+
+    For per-worker rows every slot must equal slot 0, byte for byte (an MLA latent is replicated
+    across TP ranks); otherwise ReplicaMismatchError lists each slot's xxh3.
+    """
+    s = row.slot_bytes
+    if row.copies > 1:
+        same = True
+        base = _addr(buf) if _memcmp is not None else None
+        for i in range(1, row.copies):
+            if base is not None:
+                same = _memcmp(base, base + i * s, s) == 0
+            else:
+                same = buf[:s] == buf[i * s:(i + 1) * s]
+            if not same:
+                break
+        if not same:
+            raise ReplicaMismatchError([xxh3_hex(buf[i * s:(i + 1) * s]) for i in range(row.copies)], path=path)
+    return buf[:s]
+
+
+def provenance_for(row: RowLayout, created: int, writer: str) -> Provenance:
+    """Provenance of a compacted file: who wrote the legacy row (tp/pp/row kind) and when."""
+    p = row.parallel
+    return Provenance(tp=row.provenance_tp, pp=p.get("pp", 1), dcp=p.get("dcp", 1), pcp=p.get("pcp", 1),
+                      row=row.kind, writer=writer, created=created)
+
+
+def key_for(f: LegacyFile) -> BlockKey:
+    return BlockKey(f.hash, f.group)
