@@ -101,7 +101,8 @@ def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None =
     data = mv[hdr.data_offset:hdr.file_bytes]
     dst = as_bytes_view(out, writable=True) if out is not None else None
     if dst is not None and len(dst) < hdr.raw_bytes:
-        raise ValueError(f"destination holds {len(dst)} bytes, the payload is {hdr.raw_bytes}")
+        # The file, not the caller, decides the size: a bad file must raise a kvformat error.
+        raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)
     if dst is not None:
         dst = dst[:hdr.raw_bytes]
     if hdr.codec == "none":

@@ -201,7 +201,7 @@ def _parse_tensors(text: str) -> _TensorTable:
         if (not isinstance(shape, list) or not isinstance(offs, list) or len(offs) != 2
                 or any(type(x) is not int for x in shape + offs)):
             raise SchemaError(f"tensor {name[:60]}", "shape and data_offsets must be lists of ints")
-        if t["dtype"] not in DTYPE_SIZES:
+        if not isinstance(t["dtype"], str) or t["dtype"] not in DTYPE_SIZES:  # a list/dict is unhashable
             raise SchemaError(f"tensor {name[:60]}.dtype", f"unknown dtype {str(t['dtype'])[:20]!r}")
         numel = 1
         for d in shape:

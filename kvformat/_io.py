@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping
 from ._format import as_bytes_view, check_expected, decode, encode, invalidate, verify_data
 from ._header import decode_header, header_length
 from ._spec import ALIGNMENT, BlockHeader, BlockKey, CanonicalLayout, Provenance
-from .errors import KVFormatError, TruncatedError
+from .errors import KVFormatError, LayoutMismatchError, TruncatedError
 
 FIRST_READ = 2 * ALIGNMENT  # a 61-layer header fits here, so most files need one header read
 TMP_PREFIX = ".kvf-tmp-"  # temp files: never matched by readers, removed by gc/start-up (spec §10)
@@ -187,7 +187,7 @@ def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout
         hdr = _read_header_fd(fd, size, verify)
         check_expected(hdr, expect, key)
         if len(dst) < hdr.raw_bytes:
-            raise ValueError(f"destination holds {len(dst)} bytes, the payload is {hdr.raw_bytes}")
+            raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)  # the file decides: kvformat error
         dst = dst[:hdr.raw_bytes]
         if hdr.codec == "none":
             got = _read_payload(fd, p, dst, hdr.data_offset, o_direct)

@@ -76,8 +76,12 @@ def parse_uint(field_name: str, value: Any, *, minimum: int = 0, maximum: int = 
 def parse_name(field_name: str, value: Any, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str):
         raise SchemaError(field_name, f"expected a string, got {type(value).__name__}")
-    if (not value and not allow_empty) or len(value.encode()) > MAX_NAME_BYTES:
-        raise SchemaError(field_name, f"expected 1..{MAX_NAME_BYTES} bytes, got {len(value.encode())}")
+    try:
+        n = len(value.encode())
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in the JSON) is not UTF-8
+        raise SchemaError(field_name, "not valid Unicode (lone surrogate)") from None
+    if (not value and not allow_empty) or n > MAX_NAME_BYTES:
+        raise SchemaError(field_name, f"expected 1..{MAX_NAME_BYTES} bytes, got {n}")
     if _CTRL_RE.search(value):
         raise SchemaError(field_name, "control characters are not allowed")
     return value
