@@ -1,0 +1,246 @@
+"""Primary row <-> kvformat file, one chunk at a time. No vLLM import: the tier feeds it row offsets.
+
+A primary row holds ``copies`` slots of ``slot`` bytes each (one per worker, or a single
+replicated/canonical slot) followed by padding; a slot is exactly the canonical payload. Stores
+write slot 0 (after checking the other slots are the same bytes); loads read into slot 0 and copy
+it into the other slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import xxhash
+
+from .._format import encode
+from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
+from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
+from ..storage import Store
+from ._config import TierConfig
+from ._lru import LRUIndex
+
+logger = logging.getLogger("kvformat.vllm")
+
+WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
+TEMP_MAX_AGE_S = 3600.0  # a temp file this old belongs to a crashed writer, not a slow live one
+
+COUNTERS = ("bytes_written", "files_written", "bytes_read", "files_read", "checksum_failures", "corrupt_files",
+            "layout_mismatches", "replica_mismatches", "evictions", "evicted_bytes", "dedup_saved_bytes",
+            "missing_files", "io_errors")
+
+
+class Counters:
+    """Cumulative counters (thread-safe), plus per-reason counts of quarantined files."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.quarantined: dict[str, int] = {}
+
+    def add(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self.values[k] += v
+
+    def add_quarantine(self, reason: str) -> None:
+        with self._lock:
+            self.quarantined[reason] = self.quarantined.get(reason, 0) + 1
+
+    def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
+        with self._lock:
+            return dict(self.values), dict(self.quarantined)
+
+
+class RowEngine:
+    """Moves chunks between the primary rows and a Store, keeping the LRU index and counters."""
+
+    def __init__(self, store: Store, layout: CanonicalLayout, flat: memoryview, stride: int, copies: int,
+                 cfg: TierConfig, provenance: Provenance, index: LRUIndex,
+                 on_removed: Callable[[list[str]], None]) -> None:
+        self.store = store
+        self.layout = layout
+        self.ns = layout.namespace()
+        self.flat = flat
+        self.stride = stride
+        self.copies = copies
+        self.slot = layout.payload_bytes
+        self.cfg = cfg
+        self.provenance = provenance
+        self.index = index
+        self.on_removed = on_removed
+        self.counters = Counters()
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
+        if copies * self.slot > stride:
+            raise ValueError(f"{copies} slots of {self.slot} bytes do not fit a primary row of {stride} bytes")
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def relpath(self, h: str) -> str:
+        return f"{self.ns}/{h[:2]}/{h[2:4]}/{h}{FILE_SUFFIX}"
+
+    def warn_once(self, reason: str, msg: str, *args: Any) -> None:
+        with self._warn_lock:
+            if reason in self._warned:
+                return
+            self._warned.add(reason)
+        logger.warning(msg + " (logged once per reason; see the tier's counters)", *args)
+
+    def delete_victims(self, victims: list[tuple[str, int]]) -> None:
+        if not victims:
+            return
+        gone = []
+        for rel, size in victims:
+            try:
+                self.store.delete(rel)
+            except OSError as e:  # still counted as evicted: it is out of the index either way
+                self.warn_once("evict_error", "kvformat tier: could not delete %s: %s", rel, e)
+            gone.append(rel)
+            self.counters.add(evictions=1, evicted_bytes=size)
+        self.on_removed(gone)
+
+    def quarantine(self, rel: str, err: KVFormatError) -> None:
+        reason = err.reason
+        self.index.remove(rel)
+        try:
+            moved = self.store.quarantine(rel, reason)
+        except OSError as e:
+            moved = None
+            self.warn_once("quarantine_error", "kvformat tier: could not quarantine %s: %s", rel, e)
+        self.counters.add(corrupt_files=1, checksum_failures=int(isinstance(err, ChecksumError)),
+                          layout_mismatches=int(isinstance(err, LayoutMismatchError)))
+        self.counters.add_quarantine(reason)
+        self.warn_once(reason, "kvformat tier: %s; served as a miss, file moved to %s", err, moved)
+        self.on_removed([rel])
+
+    # -- store ---------------------------------------------------------------------------------
+    def store_chunk(self, h: str, chunk_id: int) -> tuple[str, int]:
+        """Write chunk ``chunk_id``'s canonical payload as block ``h``. Returns (outcome, bytes written)."""
+        rel = self.relpath(h)
+        if self.index.touch(rel):
+            self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+            return EXISTS, 0
+        base = chunk_id * self.stride
+        payload = self.flat[base:base + self.slot]
+        if self.copies > 1 and self.cfg.replica_policy == "verify":
+            digests = [xxhash.xxh3_64_intdigest(self.flat[base + r * self.slot:base + (r + 1) * self.slot])
+                       for r in range(self.copies)]
+            if len(set(digests)) != 1:
+                err = ReplicaMismatchError([f"{d:016x}" for d in digests])
+                self.counters.add(replica_mismatches=1)
+                self.warn_once("ReplicaMismatchError", "kvformat tier: chunk %s not stored: %s. The model's KV is "
+                               "not replicated across workers; kvformat stores only replicated (MLA) KV", h, err)
+                return REPLICA_MISMATCH, 0
+        key = BlockKey(h, self.layout.group)
+        prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
+        hdr, data = encode(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
+                           level=self.cfg.compression_level)
+        size = len(hdr) + len(data)
+        for attempt in range(2):
+            self.delete_victims(self.index.reserve(size))
+            try:
+                wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
+            except BaseException:
+                self.index.release(size)
+                raise
+            if wrote:
+                self.index.add(rel, size, reserved=size)
+                self.counters.add(bytes_written=size, files_written=1,
+                                  dedup_saved_bytes=(self.copies - 1) * self.slot)
+                return WRITTEN, size
+            self.index.release(size)
+            existing = self._check_existing(rel, key)  # another writer (instance, TP size) was first
+            if existing is not None:
+                self.index.add(rel, existing)
+                self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+                return EXISTS, 0
+        return FAILED, 0
+
+    def _check_existing(self, rel: str, key: BlockKey) -> int | None:
+        """Size of a valid existing file; None after quarantining an invalid one (or if it vanished)."""
+        try:
+            hdr = self.store.read_header(rel, verify=True)
+            if hdr.key != key:
+                raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
+            from .._header import check_layout
+
+            check_layout(hdr.layout, self.layout)
+            return hdr.file_bytes
+        except FileNotFoundError:
+            return None
+        except KVFormatError as e:
+            self.quarantine(rel, e.with_path(rel))
+            return None
+
+    # -- load ----------------------------------------------------------------------------------
+    def load_chunk(self, h: str, chunk_id: int) -> int | None:
+        """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
+        rel = self.relpath(h)
+        base = chunk_id * self.stride
+        self.index.pin(rel)
+        try:
+            dst = self.flat[base:base + self.slot]
+            try:
+                hdr = self.store.read_into(rel, dst, expect=self.layout, key=BlockKey(h, self.layout.group),
+                                           verify=self.cfg.verify)
+            except FileNotFoundError:
+                self.index.remove(rel)
+                self.counters.add(missing_files=1)
+                self.on_removed([rel])
+                return None
+            except KVFormatError as e:
+                self.quarantine(rel, e)
+                return None
+            except OSError as e:
+                self.index.remove(rel)
+                self.counters.add(io_errors=1)
+                self.warn_once(f"OSError{e.errno}", "kvformat tier: reading %s failed: %s; served as a miss", rel, e)
+                return None
+            for r in range(1, self.copies):
+                self.flat[base + r * self.slot:base + (r + 1) * self.slot] = dst
+            if not self.index.touch(rel):
+                self.index.add(rel, hdr.file_bytes)
+                self.delete_victims(self.index.victims())
+            try:
+                self.store.touch(rel)  # file mtime is the LRU clock a restart rebuilds from
+            except OSError:
+                pass
+            self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
+            return hdr.file_bytes
+        finally:
+            self.index.unpin(rel)
+
+    # -- lookup of a file the index does not know (written by another instance) ------------------
+    def probe(self, h: str) -> bool:
+        """Whether a valid block ``h`` is stored (header checked); indexes it when found."""
+        rel = self.relpath(h)
+        if rel in self.index:
+            return True
+        size = self._check_existing(rel, BlockKey(h, self.layout.group))
+        if size is None:
+            return False
+        self.index.add(rel, size)
+        self.delete_victims(self.index.victims())
+        return rel in self.index
+
+    # -- start-up ----------------------------------------------------------------------------------
+    def scan(self, stop: threading.Event) -> None:
+        """Rebuild usage and LRU order from the files under the root (runs in a background thread)."""
+        self.index.begin_scan()
+        found: list[tuple[str, int, float]] = []
+        try:
+            self.store.ensure_namespace(self.layout)
+            self.store.cleanup_temp(older_than_s=TEMP_MAX_AGE_S)
+            for e in self.store.list():
+                if stop.is_set():
+                    break
+                found.append((e.relpath, e.size, e.mtime))
+        except OSError as e:
+            logger.warning("kvformat tier: scanning %s failed: %s; capacity counts only what was found",
+                           self.store.root, e)
+        finally:
+            added = self.index.merge_scan(found)
+        logger.info("kvformat tier: found %d files (%d bytes) under %s", added, self.index.used, self.store.root)
+        self.delete_victims(self.index.victims())
