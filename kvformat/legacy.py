@@ -33,7 +33,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ._header import xxh3_hex
 from ._io import write_atomic
-from ._spec import DTYPE_SIZES, BlockKey, CanonicalLayout, Provenance, st_dtype_for
+from ._spec import DTYPE_SIZES, BlockKey, CanonicalLayout, LayerSpec, Provenance, st_dtype_for
 from .errors import LegacyLayoutError, ReplicaMismatchError
 
 __all__ = [
@@ -377,15 +377,18 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
 
 
 def _canonical_layout(ns: LegacyNamespace, group: int, names: list[str], tpb: int, page: int) -> CanonicalLayout:
-    dtype = ns.dtype
-    st = st_dtype_for(dtype)
+    # Must name the same namespace as kvformat.vllm.derive_layout for the same deployment: same dtype
+    # choice (U8 when the page is not whole elements), same family for vLLM's canonical byte format.
+    st = st_dtype_for(ns.dtype)
     item = DTYPE_SIZES[st]
-    per_token = page // tpb
-    if page % tpb or per_token % item:
-        raise LegacyLayoutError(f"page of {page} bytes is not {tpb} tokens of whole {dtype} elements",
-                                hint="--page-bytes")
-    return CanonicalLayout.uniform(ns.model, dtype, names, tpb, per_token // item, blocks_per_chunk=ns.blocks_per_file,
-                                   tokens_per_hash=ns.tokens_per_hash or tpb, group=group)
+    if page % (tpb * item):
+        st, item = "U8", 1
+        if page % tpb:
+            raise LegacyLayoutError(f"a {page}-byte page does not split into {tpb} tokens", hint="--page-bytes")
+    layers = tuple(LayerSpec(n, st, (tpb, page // (tpb * item))) for n in names)
+    family = f"mla+{ns.canonical_format}" if ns.canonical_format else "mla"
+    return CanonicalLayout(model=ns.model, kv_dtype=ns.dtype, tokens_per_block=tpb, blocks_per_chunk=ns.blocks_per_file,
+                           tokens_per_hash=ns.tokens_per_hash or tpb, layers=layers, family=family, group=group)
 
 
 def _addr(buf: memoryview) -> int:
