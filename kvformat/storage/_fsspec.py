@@ -30,11 +30,11 @@ import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
-from .._format import as_bytes_view, decode
+from .._format import as_bytes_view, decode, invalidate
 from .._header import decode_header, header_length
 from .._io import FIRST_READ, TMP_PREFIX
 from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout
-from ..errors import KVFormatError, TruncatedError
+from ..errors import ChecksumError, CodecError, KVFormatError, TruncatedError
 from ._base import Store, StoreEntry
 
 log = logging.getLogger("kvformat.storage")
@@ -430,6 +430,8 @@ class FsspecStore(Store):
                 hdr, _ = decode(buf, out, expect=expect, key=key, verify=verify)
                 res.append(hdr)
             except KVFormatError as e:
+                if isinstance(e, (ChecksumError, CodecError)):  # decode checks before copying; the contract is zeroed
+                    invalidate(as_bytes_view(out, writable=True))
                 res.append(e.with_path(self._where(rel)))
             except ValueError as e:  # destination too small: the caller's bug, reported as such
                 res.append(e)
@@ -645,6 +647,8 @@ class FsspecStore(Store):
             return 0
         res = self._run_many("delete", lambda rel: self._afs._rm_file(self._full(rel)), old,
                              [self._where(r) for r in old])
+        for r in old:
+            self._remember(r, False)
         return sum(1 for r in res if not isinstance(r, BaseException))
 
     def _namespace_dirs(self) -> list[str]:
