@@ -196,7 +196,8 @@ class Deployment:
                 to_store = list(out.keys_to_store)
                 for k, cid in zip(to_store, out.store_spec.chunk_ids):
                     self._write_row(int(cid), items[k])
-                self.mgr.complete_store(to_store, ctx)
+                if to_store:  # keys already in the primary are not stored (nor cascaded) again
+                    self.mgr.complete_store(to_store, ctx)
                 self.mgr.on_request_finished(ctx)
                 self.mgr.on_schedule_end(_STEP)
             stored += to_store
