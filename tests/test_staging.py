@@ -7,6 +7,7 @@ milliseconds); each rank holds its own copy of the same paged KV, as TP ranks of
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -491,9 +492,12 @@ def test_gpu_check_without_gpu_says_not_run() -> None:
 
 
 def test_bench_staging_moves_one_tp_th_of_the_bytes() -> None:
-    bench = _load_tool("bench_staging")
-    rows = bench.run(tps=[2], layers=2, chunks=2, blocks_per_chunk=2, repeat=1)
-    by_mode = {r["mode"]: r for r in rows}
-    assert by_mode["staged"]["max_rank_bytes"] * 2 == by_mode["per_rank"]["total_bytes"]
-    assert by_mode["staged"]["total_bytes"] * 2 == by_mode["per_rank"]["total_bytes"]
-
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_staging.py"), "--tp", "2", "--layers", "2",
+                        "--chunks", "2", "--blocks-per-chunk", "2", "--repeat", "1", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = {r["mode"]: r for r in json.loads(p.stdout.strip().splitlines()[-1])}
+    base = rows["per_rank"]
+    assert base["ranks_copying"] == 2 and rows["staged"]["ranks_copying"] == 1 and rows["rotate"]["ranks_copying"] == 2
+    assert rows["staged"]["total_bytes"] * 2 == base["total_bytes"] == rows["rotate"]["total_bytes"] * 2
+    assert rows["rotate"]["max_rank_bytes"] * 2 == base["max_rank_bytes"]
