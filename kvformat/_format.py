@@ -56,27 +56,29 @@ def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockK
         raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
 
 
-def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None) -> None:
+def _check_stored(hdr: BlockHeader, data: Any) -> None:
+    """F-3.4 and F-5.2: the stored bytes are all there and hash to kvf.dxxh3."""
+    if len(data) != hdr.data_bytes:
+        raise TruncatedError("data", hdr.data_bytes, len(data))
+    actual = xxh3_hex(data)
+    if actual != hdr.data_xxh3:
+        raise ChecksumError("data", hdr.data_xxh3, actual)
+
+
+def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None, *, stored_checked: bool = False) -> None:
     """Check stored data (and decode it into ``out`` when compressed).
 
-    On any failure ``out`` is zero-filled (explicitly invalidated, spec §5.3) before the error is raised.
+    On any failure ``out`` is zero-filled (explicitly invalidated, F-5.5) before the error is raised.
+    ``stored_checked`` skips the kvf.dxxh3 check when the caller has just done it.
     """
     try:
-        if len(data) != hdr.data_bytes:
-            raise TruncatedError("data", hdr.data_bytes, len(data))
-        if hdr.codec == "none":
-            actual = xxh3_hex(data)
-            if actual != hdr.data_xxh3:
-                raise ChecksumError("data", hdr.data_xxh3, actual)
-            return
-        actual = xxh3_hex(data)
-        if actual != hdr.data_xxh3:
-            raise ChecksumError("data", hdr.data_xxh3, actual)
-        if out is not None:
-            _codec.decompress_into(data, out)
+        if not stored_checked:
+            _check_stored(hdr, data)
+        if hdr.codec != "none" and out is not None:
+            _codec.decompress_into(data, out)  # F-6.3, F-6.4
             actual = xxh3_hex(out)
             if actual != hdr.raw_xxh3:
-                raise ChecksumError("raw", hdr.raw_xxh3, actual)
+                raise ChecksumError("raw", hdr.raw_xxh3, actual)  # F-5.3
     except Exception:
         if out is not None:
             invalidate(out)
@@ -113,7 +115,14 @@ def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None =
         dst[:] = data
         return hdr, dst
     if dst is None:
+        if verify:  # a corrupt frame is refused before the payload-sized allocation
+            _check_stored(hdr, data)
         dst = memoryview(bytearray(hdr.raw_bytes))
+        if verify:
+            verify_data(hdr, data, dst, stored_checked=True)
+        else:
+            _codec.decompress_into(data, dst)
+        return hdr, dst
     if verify:
         verify_data(hdr, data, dst)
     else:
