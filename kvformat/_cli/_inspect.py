@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .._io import read_header, read_into
-from .._spec import NAMESPACE_FILE, BlockHeader, CanonicalLayout
+from .._io import TMP_PREFIX, read_header, read_into
+from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
 from ..legacy import Ignored, LegacyFile, extract_payload, find_namespaces, infer_row, iter_legacy_files
-from ..storage import LocalStore, StoreEntry
+from ..storage import StoreEntry
 from ._util import human, iso, table
 
 
@@ -107,11 +107,38 @@ class _NsAcc:
         }
 
 
-def _check_entry(store: LocalStore, e: StoreEntry, verify: bool) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | None]:
+def _walk(root: str) -> list[StoreEntry]:
+    """Every ``.kvf`` file under ``root`` (as ``LocalStore.list``, without its per-file relpath cost)."""
+    out: list[StoreEntry] = []
+    stack = [("", root)]
+    while stack:
+        rel, d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with it:
+            for e in it:
+                name = e.name
+                if e.is_dir(follow_symlinks=False):
+                    if not rel and name == QUARANTINE_DIR:
+                        continue
+                    stack.append((rel + name + "/", e.path))
+                elif name.endswith(FILE_SUFFIX) and not name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    out.append(StoreEntry(rel + name, st.st_size, st.st_mtime))
+    return out
+
+
+def _check_entry(root: str, e: StoreEntry, verify: bool) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | None]:
+    path = os.path.join(root, e.relpath)
     try:
-        hdr = store.read_header(e.relpath, verify=True)
+        hdr = read_header(path, verify=True)
         if verify:
-            store.read_into(e.relpath, bytearray(hdr.raw_bytes), verify=True)
+            read_into(path, bytearray(hdr.raw_bytes), verify=True)
         return e, hdr, None
     except KVFormatError as err:
         return e, None, err
@@ -120,18 +147,22 @@ def _check_entry(store: LocalStore, e: StoreEntry, verify: bool) -> tuple[StoreE
 
 
 def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
-    """Read every header under a kvformat root (and every payload with ``verify``)."""
-    store = LocalStore(root)
+    """Read every header under a kvformat root (and every payload with ``verify``).
+
+    Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
+    verification reads and hashes in threads (I/O and xxh3 release the GIL).
+    """
+    root = os.path.abspath(root)
     accs: dict[str, _NsAcc] = {}
     bad: list[tuple[str, KVFormatError]] = []
-    entries = list(store.list())
+    entries = _walk(root)
     results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | None]]
-    if jobs > 1 and len(entries) > 64:
+    ex = None
+    if verify and jobs > 1 and len(entries) > 16:
         ex = ThreadPoolExecutor(max_workers=jobs)
-        results = ex.map(lambda e: _check_entry(store, e, verify), entries, chunksize=64)
+        results = ex.map(lambda e: _check_entry(root, e, verify), entries)
     else:
-        ex = None
-        results = (_check_entry(store, e, verify) for e in entries)
+        results = (_check_entry(root, e, verify) for e in entries)
     try:
         for e, hdr, err in results:
             ns = e.relpath.split("/", 1)[0]
@@ -155,19 +186,24 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_
     finally:
         if ex is not None:
             ex.shutdown()
-    for ns in store.namespaces():  # empty namespaces still show up
-        accs.setdefault(ns, _NsAcc(ns))
+    try:  # empty namespaces still show up
+        for d in os.scandir(root):
+            if d.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(d.path, NAMESPACE_FILE)):
+                accs.setdefault(d.name, _NsAcc(d.name))
+    except FileNotFoundError:
+        pass
     for acc in accs.values():
         if acc.layout is None:
-            acc.layout = _layout_from_doc(store, acc.namespace)
+            acc.layout = _layout_from_doc(root, acc.namespace)
     return [accs[k] for k in sorted(accs)], bad
 
 
-def _layout_from_doc(store: LocalStore, ns: str) -> CanonicalLayout | None:
+def _layout_from_doc(root: str, ns: str) -> CanonicalLayout | None:
     import json
 
     try:
-        doc = json.loads(store.read_bytes(f"{ns}/{NAMESPACE_FILE}"))
+        with open(os.path.join(root, ns, NAMESPACE_FILE), "rb") as f:
+            doc = json.loads(f.read())
         ident = doc["identity"]
         return CanonicalLayout.from_dict({**ident, "layers": [x[:3] for x in ident["layers"]]})
     except (OSError, ValueError, KeyError, TypeError):
@@ -285,7 +321,9 @@ def render_root(d: dict[str, Any]) -> str:
             saved = n["bytes"] - (lg["compacted_bytes"] or 0)
             lrows.append((f"{n['namespace']}/g{n['group']}", lg["row"] or "-", lg["slots"] or "-",
                           lg["page_bytes"] or "-", lg["padding"] if lg["padding"] is not None else "-",
-                          human(lg["compacted_bytes"] or 0), f"saves {human(saved)} -> {lg['compacted_namespace']}"))
+                          human(lg["compacted_bytes"] or 0),
+                          (f"saves {human(saved)}" if saved >= 0 else f"adds {human(-saved)} of headers")
+                          + f" -> {lg['compacted_namespace']}"))
         lines.append(table(["legacy namespace", "row", "slots", "page B", "pad B", "compacted", "note"], lrows,
                            right=(2, 3, 4, 5)))
         if d.get("ignored"):
