@@ -422,7 +422,7 @@ class KVFormatTier(SecondaryTierManager):
         self._scan.join()
         self._pool.shutdown()
         self._lookups.shutdown()
-        self.engine.flat = memoryview(b"")
+        self.engine.close()
         self._flat.release()
 
 __all__ = ["KVFormatTier", "derive_layout", "METRIC_PREFIX"]

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Callable
 
+import numpy as np
 import xxhash
 
 from .._format import encode
@@ -76,6 +77,13 @@ class RowEngine:
         self._warn_lock = threading.Lock()
         if copies * self.slot > stride:
             raise ValueError(f"{copies} slots of {self.slot} bytes do not fit a primary row of {stride} bytes")
+        # numpy copies release the GIL, so fan-outs of several loads run on several cores
+        self._arr: np.ndarray | None = np.frombuffer(flat, dtype=np.uint8) if copies > 1 else None
+
+    def close(self) -> None:
+        """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
+        self._arr = None
+        self.flat = memoryview(b"")
 
     # -- helpers -----------------------------------------------------------------------------------
     def relpath(self, h: str) -> str:
@@ -198,8 +206,9 @@ class RowEngine:
                 self.counters.add(io_errors=1)
                 self.warn_once(f"OSError{e.errno}", "kvformat tier: reading %s failed: %s; served as a miss", rel, e)
                 return None
-            for r in range(1, self.copies):
-                self.flat[base + r * self.slot:base + (r + 1) * self.slot] = dst
+            if self._arr is not None:
+                a, s = self._arr, self.slot
+                a[base + s:base + self.copies * s].reshape(self.copies - 1, s)[:] = a[base:base + s]
             if not self.index.touch(rel):
                 self.index.add(rel, hdr.file_bytes)
                 self.delete_victims(self.index.victims())
