@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -137,13 +137,13 @@ class StagingStats:
     bytes_in: int = 0  # row -> KV copies made by this rank (host-to-device on CUDA)
     bytes_to_file: int = 0  # file bytes written by this rank
     bytes_from_file: int = 0  # payload bytes read from files into the row by this rank
-    chunks_written: list[int] = field(default_factory=list)  # chunks this rank staged out (was the writer)
+    chunks_written: int = 0  # stage_out calls where this rank was the writer and copied
     chunks_observed: int = 0  # stage_out calls where another rank was the writer
     wait_s: float = 0.0  # time spent waiting for other ranks' publications
 
     def to_dict(self) -> dict[str, Any]:
         return {"bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "bytes_to_file": self.bytes_to_file,
-                "bytes_from_file": self.bytes_from_file, "chunks_written": list(self.chunks_written),
+                "bytes_from_file": self.bytes_from_file, "chunks_written": self.chunks_written,
                 "chunks_observed": self.chunks_observed, "wait_s": self.wait_s}
 
 
@@ -208,6 +208,24 @@ class SharedRow:
         ctl = _control_bytes(num_chunks)
         total = ctl + _round_up(slot_bytes, ALIGNMENT) * num_chunks
         backoff = _Backoff(timeout_s)
+        while True:
+            row = cls._create_or_join(path, name, total, ctl, (num_chunks, slot_bytes, world_size), rank, backoff)
+            if row is not None:
+                break
+        try:
+            row._join(backoff, name, timeout_s)
+            if pin != "off":
+                row._pin(required=pin == "on")
+        except BaseException:
+            row.close()
+            raise
+        return row
+
+    @classmethod
+    def _create_or_join(cls, path: str, name: str, total: int, ctl: int, shape: tuple[int, int, int], rank: int,
+                        backoff: _Backoff) -> "SharedRow | None":
+        """One attempt; None when the file found was left by a dead group (it is removed: try again)."""
+        num_chunks, slot_bytes, world_size = shape
         creator = False
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -215,6 +233,7 @@ class SharedRow:
         except FileExistsError:
             fd = _open_existing(path, backoff)
         mm: mmap.mmap | None = None
+        hdr: np.ndarray | None = None
         try:
             if creator:
                 os.ftruncate(fd, total)
@@ -233,18 +252,25 @@ class SharedRow:
                 while int(hdr[0]) != _MAGIC:
                     if backoff.expired():
                         raise StagingTimeoutError(f"row {name!r}: the creator sized {path} but never wrote its "
-                                                  f"header within {timeout_s:g} s (it likely died)",
-                                                  waited_s=backoff.waited())
+                                                  f"header in time (it likely died)", waited_s=backoff.waited())
                     backoff.pause()
                 _fence()
                 got = tuple(int(x) for x in hdr[1:5])
                 if got != want:
                     raise StagingError(f"row {name!r}: expected (num_chunks, slot_bytes, slot_stride, world_size) "
                                        f"= {want}, got {got} from the rank that created it")
-            del hdr
-            row = cls(path=path, fd=fd, mm=mm, rank=rank, world_size=world_size, num_chunks=num_chunks,
-                      slot_bytes=slot_bytes, creator=creator)
+                if not _pid_alive(int(hdr[5])):
+                    # Left by a group that died while opening it: its control words must never be trusted.
+                    hdr = None
+                    mm.close()
+                    _unlink_if_same(path, fd)
+                    os.close(fd)
+                    return None
+            hdr = None
+            return cls(path=path, fd=fd, mm=mm, rank=rank, world_size=world_size, num_chunks=num_chunks,
+                       slot_bytes=slot_bytes, creator=creator)
         except BaseException as exc:
+            hdr = None
             if mm is not None:
                 with contextlib.suppress(BufferError):
                     mm.close()
@@ -254,14 +280,6 @@ class SharedRow:
                 _unlink_if_same(path, fd)
             os.close(fd)
             raise
-        try:
-            row._join(backoff, name, timeout_s)
-            if pin != "off":
-                row._pin(required=pin == "on")
-        except BaseException:
-            row.close()
-            raise
-        return row
 
     def _join(self, backoff: _Backoff, name: str, timeout_s: float) -> None:
         assert self._ctl_bytes is not None and self._fd is not None
@@ -424,6 +442,19 @@ def _control_bytes(num_chunks: int) -> int:
     return _round_up(_CHUNK_BASE + num_chunks * _CHUNK_REC, ALIGNMENT)
 
 
+def _pid_alive(pid: int) -> bool:
+    """False only when ``pid`` surely does not exist (ranks of one node share a pid namespace)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _open_existing(path: str, backoff: _Backoff) -> int:
     while True:
         try:
@@ -565,7 +596,7 @@ class Stager:
             raise
         self.row._set(chunk, epoch, DONE)
         self.stats.bytes_out += len(ids) * self._block_bytes
-        self.stats.chunks_written.append(int(chunk))
+        self.stats.chunks_written += 1
         return True
 
     def _copy_out(self, ids: list[int], chunk: int) -> None:

@@ -501,3 +501,38 @@ def test_bench_staging_moves_one_tp_th_of_the_bytes() -> None:
     assert base["ranks_copying"] == 2 and rows["staged"]["ranks_copying"] == 1 and rows["rotate"]["ranks_copying"] == 2
     assert rows["staged"]["total_bytes"] * 2 == base["total_bytes"] == rows["rotate"]["total_bytes"] * 2
     assert rows["rotate"]["max_rank_bytes"] * 2 == base["max_rank_bytes"]
+
+
+def _stale_creator(rank: int, name: str) -> None:
+    SharedRow.open(name, rank=0, world_size=2, num_chunks=2, slot_bytes=4096, timeout_s=60)  # killed while waiting
+
+
+def test_row_left_by_a_dead_group_is_replaced_not_trusted() -> None:
+    from kvformat import staging
+
+    name = _name()
+    ctx = _ctx()
+    p = ctx.Process(target=_stale_creator, args=(0, name), daemon=True)
+    p.start()
+    deadline = time.monotonic() + 60
+    while True:  # wait until the creator has published its header, then kill it: the file stays behind
+        try:
+            if os.path.getsize(row_path(name)) and Path(row_path(name)).read_bytes()[:8] == b"KVFROW01":
+                break
+        except FileNotFoundError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    with open(row_path(name), "r+b") as f:  # a stale "chunk 0 is DONE at epoch 1" a new group must not see
+        f.seek(staging._CHUNK_BASE)
+        f.write((1 << 2 | DONE).to_bytes(8, "little"))
+    rows = _open_threads(name, 2, 4096)
+    try:
+        assert all(isinstance(r, SharedRow) for r in rows), rows
+        assert rows[0].state(0) == (0, 0) and rows[1].state(0) == (0, 0)
+        assert not _shm_entries(name)
+    finally:
+        for r in rows:
+            r.close()
