@@ -216,16 +216,16 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
         "2-byte gap between the tensors")
     add("shape-blocks-per-chunk", with_meta(f, kvf__blocks_per_chunk="2"), "SchemaError", "F-4.9",
         "tensor first dim 1, kvf.blocks_per_chunk 2")
-    add("shape-tokens-per-block", with_meta(f, kvf__tokens_per_block="8"), "SchemaError", "F-4.9",
+    add("shape-tokens-per-block", with_meta(f, kvf__tokens_per_block="8"), "SchemaError", "F-4.10",
         "tensor tokens dim 4, kvf.tokens_per_block 8")
     d2 = json.loads(json.dumps(doc))
     d2 = {("kvf.extra" if k == L.layers[0].name else k): x for k, x in d2.items()}
-    add("reserved-name", forge(d2, data), "SchemaError", "F-4.10", "a layer named kvf.extra", field="layer.name")
-    add("uppercase-key", with_meta(f, kvf__key=key.hash.upper()), "SchemaError", "F-4.11", "kvf.key in upper case",
+    add("reserved-name", forge(d2, data), "SchemaError", "F-4.11", "a layer named kvf.extra", field="layer.name")
+    add("uppercase-key", with_meta(f, kvf__key=key.hash.upper()), "SchemaError", "F-4.12", "kvf.key in upper case",
         field="key.hash")
-    add("bad-row", with_meta(f, kvf__row="sideways"), "SchemaError", "F-4.11", "kvf.row not a known row layout",
+    add("bad-row", with_meta(f, kvf__row="sideways"), "SchemaError", "F-4.12", "kvf.row not a known row layout",
         field="kvf.row")
-    add("bad-dxxh3", with_meta(f, kvf__dxxh3="xyz"), "SchemaError", "F-4.11", "kvf.dxxh3 not 16 hex digits",
+    add("bad-dxxh3", with_meta(f, kvf__dxxh3="xyz"), "SchemaError", "F-4.12", "kvf.dxxh3 not 16 hex digits",
         field="kvf.dxxh3")
     # §5 checksums
     add("padding-bitflip", flip(f, n + 7, 0), "ChecksumError", "F-5.1", "one bit of the header padding flipped",
@@ -240,9 +240,9 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
         "ChecksumError", "F-5.4", "a flipped bit that also breaks the schema: the checksum is checked first",
         region="header")
     add("payload-bitflip", flip(f, len(f) - 100, 3), "ChecksumError", "F-5.2", "one payload bit flipped",
-        region="data", zero_filled=True)
+        region="data", zero_filled=True, also=["F-5.5"])
     add("zstd-raw-mismatch", with_meta(z, kvf__raw_xxh3=xxhash.xxh3_64_hexdigest(b"other")), "ChecksumError",
-        "F-5.3", "kvf.raw_xxh3 does not match the decoded payload", region="raw", zero_filled=True)
+        "F-5.3", "kvf.raw_xxh3 does not match the decoded payload", region="raw", zero_filled=True, also=["F-5.5"])
     # §6 compressed variant
     d2 = json.loads(json.dumps(zdoc))
     d2 = {("kvf.zst" if k == "kvf.zstd" else k): x for k, x in d2.items()}
