@@ -129,6 +129,10 @@ class FsspecStore(Store):
         self.exists_cache_s = float(exists_cache_s)
         self.missing_cache_s = float(missing_cache_s)
         self._secrets = _secret_values(storage_options)
+        m = re.search(r"://([^/@\s]+)@", url)
+        if m:  # user:password@host in the URL: the password (and the pair) count as secrets
+            self._secrets = sorted({*self._secrets, m.group(1), m.group(1).partition(":")[2]} - {""}, key=len,
+                                   reverse=True)
         protocol = url.split("://", 1)[0].lower()
         opts = dict(storage_options)
         if protocol in ("s3", "s3a"):
@@ -192,7 +196,7 @@ class FsspecStore(Store):
             return e
         if isinstance(e, _TIMEOUTS):
             return TimeoutError(f"{what}: timed out")
-        if isinstance(e, OSError):
+        if isinstance(e, OSError) and type(e).__module__ == "builtins":  # botocore's OSError subclasses are translated below
             msg = str(e)
             red = self._redact(msg)
             if red == msg:
