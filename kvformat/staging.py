@@ -313,6 +313,9 @@ class SharedRow:
         cudart = torch.cuda.cudart()
         res = cudart.cudaHostRegister(self._base_tensor().data_ptr(), self.nbytes, 0)
         if res != cudart.cudaError.success:
+            clear = getattr(cudart, "cudaGetLastError", None)  # else torch's next launch check reports it
+            if clear is not None:
+                clear()
             msg = f"cudaHostRegister of {self.nbytes} bytes failed ({res}); copies stay pageable"
             if required:
                 raise StagingError(msg)
@@ -610,8 +613,9 @@ class Stager:
                 self._copy_out_layer(i, idx, self._layer_view(slot, i), n)
             return
         scratch = self._get_scratch()
+        compute = torch.cuda.current_stream(self.device)  # taken before the context makes ours current
         with torch.cuda.stream(self._stream):
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # KV written by the compute stream
+            self._stream.wait_stream(compute)  # the KV blocks were written by the compute stream
             idx = torch.tensor(ids, dtype=torch.long, device=self.device)
             for i in range(len(self._pages)):
                 self._copy_out_layer(i, idx, self._layer_view(scratch, i), n)
@@ -657,8 +661,9 @@ class Stager:
                 for j, b, k in runs:
                     self._pages[i][b:b + k].copy_(src[j:j + k])
         else:
+            compute = torch.cuda.current_stream(self.device)
             with torch.cuda.stream(self._stream):
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))  # scratch/KV no longer in use
+                self._stream.wait_stream(compute)  # compute is done with the blocks about to be overwritten
                 scratch.copy_(slot, non_blocking=True)
                 h2d = torch.cuda.Event(blocking=True)
                 h2d.record(self._stream)
@@ -670,7 +675,7 @@ class Stager:
                     self._pages[i].index_copy_(0, idx, self._layer_view(scratch, i)[:n])
                 done = torch.cuda.Event()
                 done.record(self._stream)
-            torch.cuda.current_stream(self.device).wait_event(done)  # compute sees the blocks, no host sync
+            compute.wait_event(done)  # compute sees the blocks, no host sync
         self.stats.bytes_in += n * self._block_bytes
 
     def _check_unchanged(self, chunk: int, epoch: int) -> None:
@@ -755,6 +760,8 @@ class Stager:
 
         if self._scratch is None:
             self._scratch = torch.empty(self.layout.payload_bytes, dtype=torch.uint8, device=self.device)
+            if self.cuda:  # used on the staging stream: the allocator must not recycle it before that stream ends
+                self._scratch.record_stream(self._stream)
         return self._scratch
 
     def _check_ids(self, block_ids: Sequence[int]) -> list[int]:
