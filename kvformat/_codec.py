@@ -38,7 +38,7 @@ def decompress_into(frame: Any, out: memoryview) -> None:
     except z.ZstdError as e:
         raise CodecError(f"not a zstd frame: {e}") from None
     if declared != len(out):
-        raise CodecError(f"zstd frame declares {declared} decoded bytes, the layout needs {len(out)}")
+        raise CodecError(f"zstd frame declares {declared} decoded bytes, the layout needs {len(out)}")  # F-6.3
     try:
         reader = z.ZstdDecompressor().stream_reader(frame, read_across_frames=False, closefd=False)
         got = 0
@@ -51,4 +51,4 @@ def decompress_into(frame: Any, out: memoryview) -> None:
     except z.ZstdError as e:
         raise CodecError(f"zstd frame does not decode: {e}") from None
     if got != len(out) or extra:
-        raise CodecError(f"zstd frame decoded to {got}{'+' if extra else ''} bytes, expected {len(out)}")
+        raise CodecError(f"zstd frame decoded to {got}{'+' if extra else ''} bytes, expected {len(out)}")  # F-6.4

@@ -53,7 +53,7 @@ def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockK
     if expect is not None:
         check_layout(hdr.layout, expect)
     if key is not None and key != hdr.key:
-        raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
+        raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())  # F-9.2
 
 
 def _check_stored(hdr: BlockHeader, data: Any) -> None:

@@ -86,19 +86,19 @@ def _hxxh3_pos(buf: bytes | bytearray | memoryview) -> int:
     avail = len(buf)
     pre = bytes(buf[LENGTH_BYTES:min(avail, _HX_START)])
     if pre != HEADER_PREFIX[:len(pre)]:
-        raise NotKVFormatError("not a kvformat file: the header does not start with the kvformat prefix")
+        raise NotKVFormatError("not a kvformat file: the header does not start with the kvformat prefix")  # F-4.1
     window = bytes(buf[_HX_START:min(avail, _HX_START + 10)])
     m = _VERSION_RE.match(window)
     if not m or not window[m.end():m.end() + 1] == b'"':
         if avail < _HX_START + 10:
             raise TruncatedError("header", _HX_START + 10, avail)
-        raise HeaderError("the version string is not MAJOR.MINOR")
+        raise HeaderError("the version string is not MAJOR.MINOR")  # F-4.2
     if int(m.group(1)) != FORMAT_MAJOR:
-        raise UnsupportedVersionError(m.group(0).decode(), FORMAT_MAJOR)
+        raise UnsupportedVersionError(m.group(0).decode(), FORMAT_MAJOR)  # F-7.1
     pos = _HX_START + m.end()
     field = bytes(buf[pos:pos + len(HXXH3_FIELD)])
     if field != HXXH3_FIELD[:len(field)]:
-        raise HeaderError("kvf.hxxh3 does not follow the version string")
+        raise HeaderError("kvf.hxxh3 does not follow the version string")  # F-4.2
     return pos + len(HXXH3_FIELD)
 
 
@@ -108,13 +108,13 @@ def header_length(prefix: bytes | bytearray | memoryview) -> int:
     Needs at least 8 bytes; checks the prefix as far as ``prefix`` reaches.
     """
     if len(prefix) < LENGTH_BYTES:
-        raise TruncatedError("length field", LENGTH_BYTES, len(prefix))
+        raise TruncatedError("length field", LENGTH_BYTES, len(prefix))  # F-3.1
     (n,) = _U64.unpack_from(prefix, 0)
     _hxxh3_pos(prefix) if len(prefix) > LENGTH_BYTES else None
     if n > MAX_HEADER_BYTES:
-        raise OversizedHeaderError("header length", MAX_HEADER_BYTES, n)
+        raise OversizedHeaderError("header length", MAX_HEADER_BYTES, n)  # F-8.1
     if (LENGTH_BYTES + n) % ALIGNMENT:
-        raise HeaderError(f"header length {n} does not put the data section on a {ALIGNMENT}-byte boundary")
+        raise HeaderError(f"header length {n} does not put the data section on a {ALIGNMENT}-byte boundary")  # F-3.2
     return LENGTH_BYTES + n
 
 
@@ -123,7 +123,7 @@ def _no_dups(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(d) != len(pairs):
         seen: set[str] = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise InvalidJSONError(f"duplicate key {dup[:60]!r} in header JSON")
+        raise InvalidJSONError(f"duplicate key {dup[:60]!r} in header JSON")  # F-4.3
     return d
 
 
@@ -136,17 +136,17 @@ def decode_header(buf: bytes | bytearray | memoryview, *, file_bytes: int | None
     """
     end = header_length(buf)
     if len(buf) < end:
-        raise TruncatedError("header", end, len(buf))
+        raise TruncatedError("header", end, len(buf))  # F-3.3
     region = bytes(buf[:end])
     pos = _hxxh3_pos(region)
     stored = region[pos:pos + HEX64_LEN]
     if verify:
         actual = xxh3_hex(region[:pos] + HEX64_ZERO + region[pos + HEX64_LEN:]).encode()
         if stored != actual:
-            raise ChecksumError("header", stored.decode("ascii", "replace"), actual.decode())
+            raise ChecksumError("header", stored.decode("ascii", "replace"), actual.decode())  # F-5.1 (before any parsing: F-5.4)
     text = region[LENGTH_BYTES:].rstrip(b" ")
     if not text.endswith(b"}"):
-        raise InvalidJSONError("header JSON is not one object followed by space padding")
+        raise InvalidJSONError("header JSON is not one object followed by space padding")  # F-3.5
     try:
         s = text.decode("utf-8")
         # Parse __metadata__ alone (it changes per file), then the tensor table, which is the same
@@ -159,13 +159,13 @@ def decode_header(buf: bytes | bytearray | memoryview, *, file_bytes: int | None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         if isinstance(e, KVFormatError):  # a schema error of the tensor table keeps its class (F-4.7, F-4.8)
             raise
-        raise InvalidJSONError(f"header is not valid UTF-8 JSON: {str(e)[:120]}") from None
+        raise InvalidJSONError(f"header is not valid UTF-8 JSON: {str(e)[:120]}") from None  # F-4.3
     hdr = _from_parts(meta, tensors, end, stored.decode())
     if file_bytes is not None:
         if file_bytes < hdr.file_bytes:
-            raise TruncatedError("data", hdr.file_bytes, file_bytes)
+            raise TruncatedError("data", hdr.file_bytes, file_bytes)  # F-3.4
         if file_bytes > hdr.file_bytes:
-            raise HeaderError(f"{file_bytes - hdr.file_bytes} trailing bytes after the data section")
+            raise HeaderError(f"{file_bytes - hdr.file_bytes} trailing bytes after the data section")  # F-3.4
     return hdr
 
 
@@ -196,28 +196,28 @@ def _parse_tensors(text: str) -> _TensorTable:
     entries = []
     for name, t in doc.items():
         if not isinstance(t, dict) or set(t) != {"dtype", "shape", "data_offsets"}:
-            raise SchemaError(f"tensor {name[:60]}", "expected exactly dtype, shape and data_offsets")
+            raise SchemaError(f"tensor {name[:60]}", "expected exactly dtype, shape and data_offsets")  # F-4.7
         shape, offs = t["shape"], t["data_offsets"]
         if (not isinstance(shape, list) or not isinstance(offs, list) or len(offs) != 2
                 or any(type(x) is not int for x in shape + offs)):
             raise SchemaError(f"tensor {name[:60]}", "shape and data_offsets must be lists of ints")
         if not isinstance(t["dtype"], str) or t["dtype"] not in DTYPE_SIZES:  # a list/dict is unhashable
-            raise SchemaError(f"tensor {name[:60]}.dtype", f"unknown dtype {str(t['dtype'])[:20]!r}")
+            raise SchemaError(f"tensor {name[:60]}.dtype", f"unknown dtype {str(t['dtype'])[:20]!r}")  # F-4.7
         numel = 1
         for d in shape:
             if d < 0:
                 raise SchemaError(f"tensor {name[:60]}.shape", "negative dimension")
             numel *= d
         if offs[0] < 0 or offs[1] - offs[0] != numel * DTYPE_SIZES[t["dtype"]]:
-            raise SchemaError(f"tensor {name[:60]}.data_offsets", f"{offs} does not hold shape {shape} of {t['dtype']}")
+            raise SchemaError(f"tensor {name[:60]}.data_offsets", f"{offs} does not hold shape {shape} of {t['dtype']}")  # F-4.7
         entries.append((offs[0], offs[1], name, t["dtype"], tuple(shape)))
     if not 1 <= len(entries) <= MAX_LAYERS:
-        raise SchemaError("tensors", f"expected 1..{MAX_LAYERS} tensors, got {len(entries)}")
+        raise SchemaError("tensors", f"expected 1..{MAX_LAYERS} tensors, got {len(entries)}")  # F-8.2
     entries.sort()
     pos = 0
     for begin, stop, name, _, _ in entries:
         if begin != pos:
-            raise SchemaError(f"tensor {name[:60]}.data_offsets", f"expected to start at {pos}, starts at {begin}")
+            raise SchemaError(f"tensor {name[:60]}.data_offsets", f"expected to start at {pos}, starts at {begin}")  # F-4.8
         pos = stop
     return _TensorTable(tuple((name, dtype, shape) for _, _, name, dtype, shape in entries), pos)
 
@@ -226,7 +226,7 @@ def _meta_str(meta: dict[str, Any], k: str, required: bool = True) -> Any:
     v = meta.get(k)
     if v is None:
         if required:
-            raise SchemaError(k, "missing from __metadata__")
+            raise SchemaError(k, "missing from __metadata__")  # F-4.4
         return None
     return v
 
@@ -236,11 +236,11 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raise SchemaError("__metadata__", "expected an object")
     for k, v in meta.items():
         if not isinstance(v, str):
-            raise SchemaError(k, f"__metadata__ values must be strings, got {type(v).__name__}")
+            raise SchemaError(k, f"__metadata__ values must be strings, got {type(v).__name__}")  # F-4.4
     version = meta["kvformat"]
     codec = _meta_str(meta, "kvf.codec")
     if codec not in CODECS:
-        raise SchemaError("kvf.codec", f"expected one of {CODECS}, got {codec[:40]!r}")
+        raise SchemaError("kvf.codec", f"expected one of {CODECS}, got {codec[:40]!r}")  # F-4.6
     bpc = parse_uint("kvf.blocks_per_chunk", _meta_str(meta, "kvf.blocks_per_chunk"), minimum=1, maximum=1 << 16)
     entries, data_bytes = tensors
     if codec == "none":
@@ -249,7 +249,7 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         level = None
     else:
         if len(entries) != 1 or entries[0][0] != ZSTD_TENSOR or entries[0][1] != "U8" or len(entries[0][2]) != 1:
-            raise SchemaError("tensors", f"a compressed file holds exactly one U8 tensor named {ZSTD_TENSOR}")
+            raise SchemaError("tensors", f"a compressed file holds exactly one U8 tensor named {ZSTD_TENSOR}")  # F-6.1
         layers_key = _meta_str(meta, "kvf.layers")
         try:
             raw_layers = json.loads(layers_key)
@@ -258,7 +258,7 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         if not isinstance(raw_layers, list):
             raise SchemaError("kvf.layers", "expected a list")
         if not all(isinstance(x, list) and len(x) == 3 and isinstance(x[2], list) for x in raw_layers):
-            raise SchemaError("kvf.layers", "expected a list of [name, dtype, shape]")
+            raise SchemaError("kvf.layers", "expected a list of [name, dtype, shape]")  # F-6.2
         try:
             _layers(tuple((x[0], x[1], tuple(x[2])) for x in raw_layers))
         except TypeError:
@@ -283,7 +283,7 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
     except TypeError as e:  # a field of the wrong JSON type reached a dataclass check
         raise SchemaError("__metadata__", str(e)[:120]) from None
     if codec == "none" and data_bytes != layout.payload_bytes:
-        raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")
+        raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")  # F-4.9
     if codec != "none" and data_bytes > MAX_PAYLOAD_BYTES + (MAX_PAYLOAD_BYTES >> 7) + (1 << 20):
         raise OversizedHeaderError("compressed data bytes", MAX_PAYLOAD_BYTES, data_bytes)
     extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > len(_KNOWN) - 4 else {}
@@ -304,7 +304,7 @@ def _layers_from_key(layers_key: Any) -> tuple[LayerSpec, ...]:
     table, bpc = layers_key
     for name, _, shape in table.entries:
         if len(shape) < 2 or shape[0] != bpc:
-            raise SchemaError(f"tensor {name[:60]}.shape", f"expected [{bpc}, tokens, ...], got {list(shape)}")
+            raise SchemaError(f"tensor {name[:60]}.shape", f"expected [{bpc}, tokens, ...], got {list(shape)}")  # F-4.9
     return _layers(tuple((name, dtype, shape[1:]) for name, dtype, shape in table.entries))
 
 
@@ -327,7 +327,7 @@ def check_layout(found: CanonicalLayout, expected: CanonicalLayout) -> None:
               "group"):
         a, b = getattr(expected, f), getattr(found, f)
         if a != b:
-            raise LayoutMismatchError(f, a, b)
+            raise LayoutMismatchError(f, a, b)  # F-9.1
     if len(found.layers) != len(expected.layers):
         raise LayoutMismatchError("layers", len(expected.layers), len(found.layers))
     for i, (a, b) in enumerate(zip(expected.layers, found.layers)):

@@ -64,12 +64,12 @@ def parse_uint(field_name: str, value: Any, *, minimum: int = 0, maximum: int = 
         raise SchemaError(field_name, f"expected an integer, got {value!r}")
     if isinstance(value, str):
         if not _UINT_RE.fullmatch(value):
-            raise SchemaError(field_name, f"expected a canonical decimal integer, got {value[:40]!r}")
+            raise SchemaError(field_name, f"expected a canonical decimal integer, got {value[:40]!r}")  # F-4.5
         value = int(value)
     if not isinstance(value, int):
         raise SchemaError(field_name, f"expected an integer, got {type(value).__name__}")
     if not minimum <= value <= maximum:
-        raise SchemaError(field_name, f"expected {minimum}..{maximum}, got {value}")
+        raise SchemaError(field_name, f"expected {minimum}..{maximum}, got {value}")  # F-4.5
     return value
 
 
@@ -81,16 +81,16 @@ def parse_name(field_name: str, value: Any, *, allow_empty: bool = False) -> str
     except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in the JSON) is not UTF-8
         raise SchemaError(field_name, "not valid Unicode (lone surrogate)") from None
     if (not value and not allow_empty) or n > MAX_NAME_BYTES:
-        raise SchemaError(field_name, f"expected 1..{MAX_NAME_BYTES} bytes, got {n}")
+        raise SchemaError(field_name, f"expected 1..{MAX_NAME_BYTES} bytes, got {n}")  # F-8.3
     if _CTRL_RE.search(value):
-        raise SchemaError(field_name, "control characters are not allowed")
+        raise SchemaError(field_name, "control characters are not allowed")  # F-4.12
     return value
 
 
 def parse_hex(field_name: str, value: Any, length: int | None = None) -> str:
     if not isinstance(value, str) or not _HEX_RE.fullmatch(value) or (length and len(value) != length):
         want = f"{length} lowercase hex digits" if length else "lowercase hex"
-        raise SchemaError(field_name, f"expected {want}, got {str(value)[:80]!r}")
+        raise SchemaError(field_name, f"expected {want}, got {str(value)[:80]!r}")  # F-4.12
     return value
 
 
@@ -109,12 +109,12 @@ class LayerSpec:
     def __post_init__(self) -> None:
         parse_name("layer.name", self.name)
         if self.name == "__metadata__" or self.name.startswith("kvf."):
-            raise SchemaError("layer.name", f"reserved name {self.name!r}")
+            raise SchemaError("layer.name", f"reserved name {self.name!r}")  # F-4.11
         if self.dtype not in DTYPE_SIZES:
             raise SchemaError("layer.dtype", f"expected one of {sorted(DTYPE_SIZES)}, got {self.dtype!r}")
         shape = tuple(self.shape)
         if not 1 <= len(shape) <= MAX_DIMS or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in shape):
-            raise SchemaError("layer.shape", f"expected 1..{MAX_DIMS} positive ints, got {self.shape!r}")
+            raise SchemaError("layer.shape", f"expected 1..{MAX_DIMS} positive ints, got {self.shape!r}")  # F-8.5
         object.__setattr__(self, "shape", shape)
 
     @property
@@ -170,12 +170,12 @@ class CanonicalLayout:
         if len({l.name for l in layers}) != len(layers):
             raise SchemaError("layers", "layer names repeat")
         for l in layers:
-            if l.shape[0] != self.tokens_per_block:
+            if l.shape[0] != self.tokens_per_block:  # F-4.10
                 raise SchemaError(f"layer {l.name}.shape", f"expected first dim {self.tokens_per_block} "
                                   f"(tokens_per_block), got {l.shape[0]}")
         object.__setattr__(self, "layers", layers)
         if self.payload_bytes > MAX_PAYLOAD_BYTES:
-            raise SchemaError("payload", f"{self.payload_bytes} bytes is over the limit {MAX_PAYLOAD_BYTES}")
+            raise SchemaError("payload", f"{self.payload_bytes} bytes is over the limit {MAX_PAYLOAD_BYTES}")  # F-8.4
 
     @classmethod
     def uniform(cls, model: str, kv_dtype: str, layer_names: list[str] | tuple[str, ...], tokens_per_block: int,
@@ -261,7 +261,7 @@ class BlockKey:
     def __post_init__(self) -> None:
         parse_hex("key.hash", self.hash)
         if not 2 <= len(self.hash) <= 128:
-            raise SchemaError("key.hash", f"expected 2..128 hex digits, got {len(self.hash)}")
+            raise SchemaError("key.hash", f"expected 2..128 hex digits, got {len(self.hash)}")  # F-4.12
         parse_uint("key.group", self.group, maximum=1 << 16)
 
     @classmethod
@@ -295,7 +295,7 @@ class Provenance:
         for f in ("tp", "pp", "dcp", "pcp"):
             parse_uint(f"kvf.{f}", getattr(self, f), minimum=1, maximum=1 << 16)
         if self.row not in ROW_LAYOUTS:
-            raise SchemaError("kvf.row", f"expected one of {ROW_LAYOUTS}, got {self.row!r}")
+            raise SchemaError("kvf.row", f"expected one of {ROW_LAYOUTS}, got {self.row!r}")  # F-4.12
         parse_name("kvf.writer", self.writer, allow_empty=True)
         parse_uint("kvf.created", self.created)
 
