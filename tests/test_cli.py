@@ -120,6 +120,23 @@ def test_inspect_legacy_root(tmp_path, capsys):
     assert ns["legacy"]["digest_ok"] and ns["legacy"]["compacted_bytes"] == 3 * (4096 + t.slot_bytes)
 
 
+def test_inspect_legacy_file(tmp_path, capsys):
+    t = build(str(tmp_path / "legacy"), tp=4, n_files=2)
+    h = sorted(t.paths)[0]
+    assert main(["inspect", t.paths[h]]) == 0
+    out = capsys.readouterr().out
+    assert f"key         {h}:0" in out and "per_worker: 4 slot(s)" in out and "replicas    identical" in out
+    rc, d = _run_json(["inspect", t.paths[h]], capsys)
+    assert rc == 0 and d["row"]["slot_offsets"] == [i * t.slot_bytes for i in range(4)]
+    assert d["compacts_to"].endswith(f"/{h[:2]}/{h[2:4]}/{h}.kvf")
+    p = t.payloads[h]
+    open(t.paths[h], "wb").write(t.row(p, [p, p, p, bytes(len(p))]))
+    rc, d = _run_json(["inspect", t.paths[h]], capsys)
+    assert rc == 1 and d["replicas"] == "differ" and d["error"]["reason"] == "ReplicaMismatchError"
+    rc, d = _run_json(["inspect", "--no-verify", t.paths[h]], capsys)
+    assert rc == 0 and d["replicas"] == "skipped"
+
+
 def test_inspect_json_schema_documented_and_followed(tmp_path, capsys):
     root, rels = _root(tmp_path, n=3)
     t = build(str(tmp_path / "legacy"), tp=2, n_files=2)
@@ -130,6 +147,8 @@ def test_inspect_json_schema_documented_and_followed(tmp_path, capsys):
         outputs.append(d)
     open(os.path.join(root, rels[1]), "r+b").write(b"xx")
     outputs.append(_run_json(["inspect", os.path.join(root, rels[1])], capsys)[1])
+    outputs.append(_run_json(["inspect", next(iter(t.paths.values()))], capsys)[1])
+    assert {d["kind"] for d in outputs} == {"file", "kvformat_root", "legacy_root", "legacy_file"}
     for d in outputs:
         assert validate(d, INSPECT_SCHEMA) == [], (d["kind"], validate(d, INSPECT_SCHEMA))
     assert validate({"kind": "file", "path": 3}, INSPECT_SCHEMA)  # the validator can fail

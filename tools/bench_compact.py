@@ -7,7 +7,8 @@ layer), then times, on the same tree and with the page cache warm for every cont
   * ``cp -r SRC DST`` (copies every byte: the I/O limit for touching the whole tree);
   * ``kvformat compact SRC DST --jobs 1`` and ``--jobs 2`` (reads every byte, writes 1/TP of them);
   * ``kvformat inspect ROOT --no-verify`` (header-only) over a ``--scan-files`` kvformat tree.
-Throughput is source bytes per second. Each contender writes a fresh DST, removed after its run.
+Throughput is source bytes per second. Each contender writes a fresh DST, removed after its run; the
+contenders run interleaved ``--repeats`` times and the median is reported (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,10 +94,11 @@ def warm(root: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir under /tmp, removed)")
-    ap.add_argument("--files", type=int, default=64)
+    ap.add_argument("--files", type=int, default=32)
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--layers", type=int, default=61)
     ap.add_argument("--scan-files", type=int, default=10_000)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved runs per contender (median reported)")
     a = ap.parse_args()
     base = a.dir or tempfile.mkdtemp(prefix="kvf-bench-")
     os.makedirs(base, exist_ok=True)
@@ -103,24 +106,31 @@ def main() -> int:
     try:
         src = os.path.join(base, "legacy")
         total = build_legacy(src, a.files, a.tp, a.layers)
-        rows = []
-        for name, cmd in (("cp -r", ["cp", "-r", src, "{dst}"]),
-                          ("compact --jobs 1", kvf + ["compact", "-q", src, "{dst}", "--jobs", "1"]),
-                          ("compact --jobs 2", kvf + ["compact", "-q", src, "{dst}", "--jobs", "2"])):
-            dst = os.path.join(base, "out")
-            shutil.rmtree(dst, ignore_errors=True)
-            warm(src)
-            dt, cpu = timed([c.replace("{dst}", dst) for c in cmd])
-            out_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _s, fs in os.walk(dst) for f in fs)
-            rows.append((name, dt, cpu, total / dt, out_bytes))
-            shutil.rmtree(dst, ignore_errors=True)
-        cp = rows[0][3]
+        contenders = (("cp -r", ["cp", "-r", src, "{dst}"]),
+                      ("compact --jobs 1", kvf + ["compact", "-q", src, "{dst}", "--jobs", "1"]),
+                      ("compact --jobs 2", kvf + ["compact", "-q", src, "{dst}", "--jobs", "2"]))
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in contenders}
+        out_bytes: dict[str, int] = {}
+        dst = os.path.join(base, "out")
+        for _rep in range(a.repeats):  # interleaved, so a burst of load elsewhere hits every contender alike
+            for name, cmd in contenders:
+                shutil.rmtree(dst, ignore_errors=True)
+                warm(src)
+                times[name].append(timed([c.replace("{dst}", dst) for c in cmd]))
+                out_bytes[name] = sum(os.path.getsize(os.path.join(d, f)) for d, _s, fs in os.walk(dst) for f in fs)
+                shutil.rmtree(dst, ignore_errors=True)
+        med = {name: statistics.median(w for w, _c in ts) for name, ts in times.items()}
+        cp = total / med["cp -r"]
         print(f"legacy tree: {a.files} files x {total // a.files} B (TP={a.tp}, {a.layers} layers, 64 tok x 576 bf16), "
-              f"{total / 2**20:.0f} MiB, page cache warm; times include interpreter start-up; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print(f"{'contender':<18} {'wall s':>8} {'cpu s':>7} {'MiB/s':>9} {'vs cp -r':>9} {'bytes written':>14}")
-        for name, dt, cpu, rate, ob in rows:
-            print(f"{name:<18} {dt:8.3f} {cpu:7.3f} {rate / 2**20:9.1f} {rate / cp:8.2f}x {ob:14d}")
+              f"{total / 2**20:.0f} MiB, page cache warm; times include interpreter start-up; median of "
+              f"{a.repeats} interleaved runs; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"{'contender':<18} {'wall s':>8} {'(min)':>7} {'cpu s':>7} {'MiB/s':>9} {'vs cp -r':>9} {'bytes written':>14}")
+        for name, ts in times.items():
+            rate = total / med[name]
+            cpu = statistics.median(c for _w, c in ts)
+            print(f"{name:<18} {med[name]:8.3f} {min(w for w, _c in ts):7.3f} {cpu:7.3f} {rate / 2**20:9.1f} "
+                  f"{rate / cp:8.2f}x {out_bytes[name]:14d}")
+        print("target: compact --jobs 2 >= 0.70x cp -r")
 
         scan = os.path.join(base, "scan")
         build_kvf(scan, a.scan_files)

@@ -103,6 +103,13 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
     path = a.path
     if os.path.isfile(path):
+        from ._inspect import inspect_legacy_file, legacy_file_namespace, render_legacy_file
+
+        hit = legacy_file_namespace(path) if path.endswith(".bin") else None
+        if hit is not None:
+            d = inspect_legacy_file(*hit, verify=a.verify is not False, page_bytes=a.page_bytes)
+            _emit(d) if a.json else print(render_legacy_file(d))
+            return 1 if d["error"] else 0
         d = inspect_file(path, verify=a.verify is not False)
         _emit(d) if a.json else print(render_file(d))
         return 1 if d["error"] else 0

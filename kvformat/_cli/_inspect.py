@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -351,3 +352,73 @@ def find_store_root(path: str) -> tuple[str, str]:
     if os.path.isdir(p):
         return p, ""
     return os.path.dirname(p), os.path.basename(p)
+
+
+# -- one legacy file -------------------------------------------------------------------------------------
+def legacy_file_namespace(path: str) -> tuple[Any, LegacyFile] | None:
+    """(namespace, file) when ``path`` is a block file of vLLM's fs tier (``<root>/<base>_r<n>/<hhh>/<hh>_g<g>/<hash>.bin``)."""
+    p = os.path.abspath(path)
+    parts = p.split(os.sep)
+    if len(parts) < 5 or not p.endswith(".bin"):
+        return None
+    root = os.sep.join(parts[:-4]) or os.sep
+    m = re.match(r"^([0-9a-f]{2})_g([0-9]+)$", parts[-2])
+    h = parts[-1][:-4]
+    if not m or h[:3] != parts[-3] or h[3:5] != m.group(1):
+        return None
+    for ns in find_namespaces(root):
+        for rank, rdir in ns.rank_dirs:
+            if os.path.basename(rdir) == parts[-4]:
+                st = os.stat(p)
+                return ns, LegacyFile(p, rank, int(m.group(2)), h, st.st_size, st.st_mtime)
+    return None
+
+
+def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True, page_bytes: int | None = None) -> dict[str, Any]:
+    """Row layout of one legacy file, its replica status and the kvformat file it compacts to."""
+    from .._spec import block_relpath
+    from ..legacy import key_for
+
+    out: dict[str, Any] = {"kind": "legacy_file", "path": f.path, "namespace": ns.base, "group": f.group,
+                           "hash": f.hash, "bytes": f.size, "mtime": f.mtime, "model": ns.model, "kv_dtype": ns.dtype,
+                           "config": dict(ns.config), "row": None, "replicas": "skipped", "compacts_to": None,
+                           "error": None}
+    try:
+        row = infer_row(ns, f.group, f.size, page_bytes=page_bytes)
+    except LegacyLayoutError as e:
+        out["error"] = {"reason": e.reason, "message": e.message}
+        return out
+    out["row"] = {"kind": row.kind, "slots": row.copies, "page_bytes": row.page_bytes, "slot_bytes": row.slot_bytes,
+                  "row_bytes": row.row_bytes, "padding": row.padding,
+                  "slot_offsets": [i * row.slot_bytes for i in range(row.copies)]}
+    out["compacts_to"] = block_relpath(row.layout, key_for(f))
+    if verify:
+        buf = memoryview(bytearray(row.row_bytes))
+        with open(f.path, "rb") as fh:
+            fh.readinto(buf)
+        try:
+            extract_payload(row, buf, path=f.path)
+            out["replicas"] = "identical" if row.copies > 1 else "single"
+        except ReplicaMismatchError as e:
+            out["replicas"] = "differ"
+            out["error"] = {"reason": e.reason, "message": e.message}
+    return out
+
+
+def render_legacy_file(d: dict[str, Any]) -> str:
+    lines = [f"legacy file {d['path']}", f"namespace   {d['namespace']} (vLLM fs tier, group {d['group']})",
+             f"model       {d['model']}", f"kv dtype    {d['kv_dtype']}", f"key         {d['hash']}:{d['group']}",
+             f"bytes       {d['bytes']}  mtime {iso(d['mtime'])}"]
+    c = d["config"]
+    lines.append(f"config      tp={c.get('tp_size')} pp={c.get('pp_size')} dcp={c.get('dcp_size')} "
+                 f"pcp={c.get('pcp_size')} blocks_per_file={c.get('blocks_per_file')} "
+                 f"replicated_layout={c.get('replicated_layout', False)}")
+    r = d["row"]
+    if r:
+        lines.append(f"row         {r['kind']}: {r['slots']} slot(s) of {r['slot_bytes']} B at "
+                     f"{', '.join(map(str, r['slot_offsets']))}; page {r['page_bytes']} B; padding {r['padding']} B")
+        lines.append(f"replicas    {d['replicas']}")
+        lines.append(f"compacts to {d['compacts_to']}")
+    if d["error"]:
+        lines.append(f"error       {d['error']['reason']}: {d['error']['message']}")
+    return "\n".join(lines)

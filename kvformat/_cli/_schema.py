@@ -81,10 +81,29 @@ _ROOT = {
     },
 }
 
+_LEGACY_FILE = {
+    "type": "object",
+    "required": ["kind", "path", "namespace", "group", "hash", "bytes", "mtime", "model", "kv_dtype", "config", "row",
+                 "replicas", "compacts_to", "error"],
+    "properties": {
+        "kind": {"enum": ["legacy_file"]}, "path": _STR, "namespace": _STR, "group": _INT, "hash": _STR,
+        "bytes": _INT, "mtime": {"type": "number"}, "model": _STR, "kv_dtype": _STR, "config": {"type": "object"},
+        "row": {"anyOf": [{"type": "null"}, {
+            "type": "object",
+            "required": ["kind", "slots", "page_bytes", "slot_bytes", "row_bytes", "padding", "slot_offsets"],
+            "properties": {"kind": {"enum": ["replicated", "per_worker", "canonical"]}, "slots": _INT,
+                           "page_bytes": _INT, "slot_bytes": _INT, "row_bytes": _INT, "padding": _INT,
+                           "slot_offsets": {"type": "array", "items": _INT}}}]},
+        "replicas": {"enum": ["identical", "single", "differ", "skipped"]},
+        "compacts_to": {"type": ["string", "null"]},
+        "error": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["reason", "message"]}]},
+    },
+}
+
 INSPECT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "kvformat inspect --json",
-    "anyOf": [_FILE, _ROOT],
+    "anyOf": [_FILE, _ROOT, _LEGACY_FILE],
 }
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
