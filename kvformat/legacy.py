@@ -11,10 +11,11 @@ in the group's layer order, ``page_bytes * blocks_per_file`` bytes. config.json 
 per-layer page size, so it is inferred from the file size (:func:`infer_row`); ``page_bytes`` is the
 hint when that is ambiguous.
 
-Supported rows: replicated, per-worker (TP only: every slot must hold the same MLA latent, which is
-checked byte for byte), and canonical (pages from offset 0). Refused with :class:`LegacyLayoutError`:
-pipeline parallel (stage slots hold different layers and config.json does not say which stage owns
-which layers) and decode/prefill context parallel (slots hold different tokens).
+Supported rows: replicated and per-worker (TP only: every slot must hold the same MLA latent, which
+is checked byte for byte). Refused with :class:`LegacyLayoutError`: pipeline parallel (stage slots
+hold different layers and config.json does not say which stage owns which layers), decode/prefill
+context parallel (slots hold different tokens) and vLLM's canonical rows (``canonical_format``:
+where the pages sit depends on the writer's worker count, which config.json does not record).
 
 This module reads only; it never imports vLLM. :func:`legacy_paths` and :func:`write_legacy_row`
 reproduce vLLM's naming for demos and tests (tests check them against vLLM's own ``FileMapper``).
@@ -128,7 +129,7 @@ class Ignored:
 class RowLayout:
     """How one legacy row is laid out, and the kvformat layout its payload gets."""
 
-    kind: str  # "replicated" | "per_worker" | "canonical" (kvformat Provenance.row values)
+    kind: str  # "replicated" | "per_worker" (kvformat Provenance.row values)
     copies: int  # worker slots in the row
     page_bytes: int  # one block of one layer
     slot_bytes: int  # one worker's slot: n_layers * page_bytes * blocks_per_file
@@ -340,9 +341,13 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         raise LegacyLayoutError(
             f"context-parallel rows (dcp_size={par['dcp']}, pcp_size={par['pcp']}) are not supported: worker "
             "slots hold different tokens of a block", path=where)
+    if ns.canonical_format:
+        raise LegacyLayoutError(
+            f"canonical rows ({ns.canonical_format}) are not supported: where the canonical pages sit in the row "
+            "depends on the writer's worker count, which config.json does not record", path=where)
     dtype = ns.dtype
     bpf = ns.blocks_per_file
-    kind = "canonical" if ns.canonical_format else ("replicated" if ns.replicated else "per_worker")
+    kind = "replicated" if ns.replicated else "per_worker"
     copies = 1 if kind != "per_worker" else par["tp"]
     unit = len(names) * bpf * copies  # bytes of the row per byte of page
     if page_bytes is not None:

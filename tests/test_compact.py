@@ -251,3 +251,45 @@ def test_output_keys_and_namespace_doc(tmp_path):
         assert hdr.key == BlockKey(h, 0) and hdr.provenance.row == "per_worker" and hdr.provenance.tp == 4
         assert hdr.provenance.created == int(os.stat(t.paths[h]).st_mtime)
         assert hashlib.sha256(p).digest()  # payload checked in test_compact_layouts_bytes_equal
+
+
+def test_canonical_rows_refused(tmp_path, capsys):
+    from kvformat.legacy import legacy_fields, write_legacy_row
+
+    f = legacy_fields("m/x", tokens_per_hash=16, blocks_per_file=1, dtype="bfloat16",
+                      kv_cache_groups=[{"tokens_per_block": 16, "layer_names": ["a", "b"]}], replicated=True,
+                      canonical_format="v1-nhd")
+    write_legacy_row(str(tmp_path / "src"), f, "ab" * 32, bytes(40960))
+    rc, rep = _json_run(["compact", str(tmp_path / "src"), str(tmp_path / "dst")], capsys)
+    assert rc == 2 and "canonical rows (v1-nhd) are not supported" in rep["layout_errors"][0]
+    assert rep["converted"] == 0 and os.path.exists(os.path.join(tmp_path, "src"))
+
+
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path):
+    import pty
+    import select
+
+    t = build(str(tmp_path / "src"), tp=2, n_files=30)
+    code = "import sys; from kvformat._cli import main; sys.exit(main(sys.argv[1:]))"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code, "compact", t.root, str(tmp_path / "a")],
+                            stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    err = b""
+    while True:
+        r, _, _ = select.select([master], [], [], 30)
+        if not r:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        err += chunk
+    out, _ = proc.communicate()
+    os.close(master)
+    assert proc.returncode == 0 and b"converted 30" in out
+    assert b"\rcompact [" in err and b"30/30" in err and err.count(b"\r") >= 2
+    r = subprocess.run([sys.executable, "-c", code, "compact", t.root, str(tmp_path / "b")], capture_output=True)
+    assert r.returncode == 0 and b"\r" not in r.stderr and b"\x1b[" not in r.stderr and b"converted 30" in r.stdout

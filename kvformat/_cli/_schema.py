@@ -28,7 +28,7 @@ _NAMESPACE = {
         "legacy": {"type": "object",
                    "required": ["row", "slots", "page_bytes", "row_bytes", "padding", "digest_ok", "compacted_bytes",
                                 "compacted_namespace", "error"],
-                   "properties": {"row": {"type": ["string", "null"], "enum": ["replicated", "per_worker", "canonical",
+                   "properties": {"row": {"type": ["string", "null"], "enum": ["replicated", "per_worker",
                                                                                  None]},
                                   "slots": {"type": ["integer", "null"]}, "page_bytes": {"type": ["integer", "null"]},
                                   "row_bytes": {"type": ["integer", "null"]}, "padding": {"type": ["integer", "null"]},
@@ -91,7 +91,7 @@ _LEGACY_FILE = {
         "row": {"anyOf": [{"type": "null"}, {
             "type": "object",
             "required": ["kind", "slots", "page_bytes", "slot_bytes", "row_bytes", "padding", "slot_offsets"],
-            "properties": {"kind": {"enum": ["replicated", "per_worker", "canonical"]}, "slots": _INT,
+            "properties": {"kind": {"enum": ["replicated", "per_worker"]}, "slots": _INT,
                            "page_bytes": _INT, "slot_bytes": _INT, "row_bytes": _INT, "padding": _INT,
                            "slot_offsets": {"type": "array", "items": _INT}}}]},
         "replicas": {"enum": ["identical", "single", "differ", "skipped"]},
