@@ -476,11 +476,22 @@ def _load_tool(name: str) -> Any:
 
 def test_gpu_check_logic_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tool = _load_tool("gpu_check")
-    rc = tool.main(["--device", "cpu", "--layers", "3", "--tokens", "16", "--latent", "64", "--blocks-per-chunk", "2",
+    rc = tool.main(["--device", "cpu", "--tp", "1", "--layers", "3", "--tokens", "16", "--latent", "64", "--blocks-per-chunk", "2",
                     "--chunks", "3", "--num-blocks", "12", "--root", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "bytes equal: yes" in out and "D2H" in out and "H2D" in out
+
+
+def test_gpu_check_tp2_one_writer_every_rank_equal(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--device", "cpu", "--tp", "2",
+                        "--layers", "2", "--tokens", "16", "--latent", "64", "--blocks-per-chunk", "2", "--chunks", "2",
+                        "--num-blocks", "8", "--repeat", "1"], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    mib = 2 * 2 * 16 * 64 * 2 * 2 / 2**20  # chunks x layers x page bytes x blocks per chunk
+    assert f"rank 0: copied out {mib:.1f} MiB/round, copied in {mib:.1f}" in p.stdout
+    assert f"rank 1: copied out 0.0 MiB/round, copied in {mib:.1f}" in p.stdout
+    assert p.stdout.count("bytes equal: yes") == 3
 
 
 def test_gpu_check_without_gpu_says_not_run() -> None:

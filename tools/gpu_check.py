@@ -3,12 +3,15 @@
 
 One short run (well under a few minutes on one GPU) for a brief loan of a GPU machine:
 
-1. builds paged MLA KV on the GPU: 61 layers x (num_blocks, 64 tokens, 576) bf16 (DeepSeek-V3);
-2. stages ``--chunks`` chunks out through a /dev/shm row pinned with cudaHostRegister (D2H) and saves
-   them as kvformat files with the store the vLLM tier uses;
-3. loads the files into a fresh pinned row and stages them into zeroed KV at other block ids (H2D);
-4. checks every byte, and prints D2H/H2D GB/s next to a plain pinned-tensor copy of the same bytes
-   (the bandwidth limit of the link).
+1. ``--tp`` ranks (2 by default, one process each, all on the one GPU) build the same paged MLA KV:
+   61 layers x (num_blocks, 64 tokens, 576) bf16 (DeepSeek-V3);
+2. they stage ``--chunks`` chunks out through a /dev/shm row pinned with cudaHostRegister: rank 0
+   alone copies (D2H), the others wait; rank 0 saves the chunks as kvformat files with the store the
+   vLLM tier uses;
+3. the files are loaded into a fresh pinned row and every rank stages them into zeroed KV at other
+   block ids (H2D);
+4. every rank checks every byte; rank 0's D2H/H2D GB/s are printed next to a plain pinned-tensor
+   copy of the same bytes (the bandwidth limit of the link), with bytes copied per rank.
 
 Without a GPU it prints ``not run: no GPU available`` and exits 0. ``--device cpu`` runs the same
 logic on the CPU (the test suite does this with small shapes, so this script is not dead code).
@@ -48,80 +51,161 @@ def _timed(fn: Callable[[], Any], device: Any, repeat: int) -> float:
     return best
 
 
-def run_check(device_name: str, *, layers: int, tokens: int, latent: int, blocks_per_chunk: int, chunks: int,
-              num_blocks: int, root: str | None, repeat: int) -> int:
-    """Stage out, save, load, stage in; check bytes; print the table. Returns the exit status."""
+def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], root: str,
+               barrier: Any) -> dict[str, Any]:
+    """One TP rank: stage out through the shared row, save, load into a fresh row, stage in, check.
+
+    Every rank builds the same KV (same seed), as TP ranks of an MLA model hold the same latent; TP
+    rank 0 is the writer. Returns this rank's timings (seconds), byte counts and check result.
+    """
     import torch
 
     import kvformat as K
     from kvformat.staging import SharedRow, Stager
     from kvformat.storage import open_store
 
-    device = torch.device(device_name)
-    if num_blocks < 2 * chunks * blocks_per_chunk:
-        raise SystemExit(f"--num-blocks must be >= 2 * chunks * blocks_per_chunk = {2 * chunks * blocks_per_chunk}")
+    device = torch.device(cfg["device"])
     cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    else:  # ranks share the cores: oversubscribed OpenMP pools spin against each other
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
+    layers, tokens, latent, bpc, chunks, nb = (cfg[k] for k in ("layers", "tokens", "latent", "blocks_per_chunk",
+                                                                 "chunks", "num_blocks"))
+    repeat = cfg["repeat"]
     layout = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16",
                                        [f"model.layers.{i}.self_attn.attn" for i in range(layers)], tokens, latent,
-                                       blocks_per_chunk=blocks_per_chunk)
+                                       blocks_per_chunk=bpc)
     payload = layout.payload_bytes
     g = torch.Generator(device=device).manual_seed(0)
     # Random bits (any bf16 pattern, NaNs included): the check compares bytes, never values.
-    kv = [torch.randint(-128, 128, (num_blocks, tokens * latent * 2), dtype=torch.int8, device=device, generator=g)
-          .view(torch.bfloat16).view(num_blocks, tokens, latent) for _ in range(layers)]
-    src = [list(range(c * blocks_per_chunk, (c + 1) * blocks_per_chunk)) for c in range(chunks)]
+    kv = [torch.randint(-128, 128, (nb, tokens * latent * 2), dtype=torch.int8, device=device, generator=g)
+          .view(torch.bfloat16).view(nb, tokens, latent) for _ in range(layers)]
+    src = [list(range(c * bpc, (c + 1) * bpc)) for c in range(chunks)]
     # Other block ids on the way back (reversed, from the top half): the payload is where-independent.
-    dst = [[num_blocks - 1 - b for b in ids] for ids in src]
+    dst = [[nb - 1 - b for b in ids] for ids in src]
     keys = [K.BlockKey(f"{c + 1:04x}" * 8) for c in range(chunks)]
-    tmp = root or tempfile.mkdtemp(prefix="kvformat-gpu-check-")
-    store = open_store(tmp)
+    store = open_store(root)
     pin = "on" if cuda else "off"
-    rows: dict[str, float] = {}
-    try:
-        row = SharedRow.open(f"gpucheck-{uuid.uuid4().hex[:12]}", rank=0, world_size=1, num_chunks=chunks,
-                             slot_bytes=payload, pin=pin)
-        st = Stager(row, kv, layout)
-        pinned = row.pinned
-        st.stage_out(src[0], 0)  # warm-up: CUDA context, allocator, kernels
-        rows["stage_out"] = _timed(lambda: [st.stage_out(src[c], c) for c in range(chunks)], device, repeat)
-        t0 = time.perf_counter()
-        for c in range(chunks):
-            st.save(c, keys[c], store, overwrite=True)
-        rows["save"] = time.perf_counter() - t0
-        del st
-        row.close()
+    t: dict[str, float] = {}
 
-        kv2 = [torch.zeros_like(t) for t in kv]
-        row2 = SharedRow.open(f"gpucheck-{uuid.uuid4().hex[:12]}", rank=0, world_size=1, num_chunks=chunks,
-                              slot_bytes=payload, pin=pin)
-        st2 = Stager(row2, kv2, layout)
-        t0 = time.perf_counter()
-        for c in range(chunks):
-            st2.load(c, keys[c], store)
-        rows["load"] = time.perf_counter() - t0
-        st2.stage_in(0, dst[0])  # warm-up
-        rows["stage_in"] = _timed(lambda: [st2.stage_in(c, dst[c]) for c in range(chunks)], device, repeat)
-        _sync(device)
-        equal = all(torch.equal(kv2[i][dst[c]].view(torch.uint8), kv[i][src[c]].view(torch.uint8))
-                    for c in range(chunks) for i in range(layers))
-        del st2
-        row2.close()
+    row = SharedRow.open(names[0], rank=rank, world_size=tp, num_chunks=chunks, slot_bytes=payload, pin=pin)
+    st = Stager(row, kv, layout)
+    pinned = row.pinned
+    st.stage_out(src[0], 0)  # warm-up: CUDA context, allocator, kernels
+    before = st.stats.bytes_out
+    t["stage_out"] = _timed(lambda: [st.stage_out(src[c], c) for c in range(chunks)], device, repeat)
+    out_round = (st.stats.bytes_out - before) // repeat
+    t0 = time.perf_counter()
+    for c in range(chunks):
+        st.save(c, keys[c], store, overwrite=True)  # the writer saves, the other ranks return at once
+    t["save"] = time.perf_counter() - t0
+    out_stats = st.stats.to_dict()
+    del st
+    row.close()
 
-        # The limit: one plain copy of the same bytes between a device tensor and a pinned host tensor.
+    kv2 = [torch.zeros_like(x) for x in kv]
+    row2 = SharedRow.open(names[1], rank=rank, world_size=tp, num_chunks=chunks, slot_bytes=payload, pin=pin)
+    st2 = Stager(row2, kv2, layout)
+    t0 = time.perf_counter()
+    for c in range(chunks):
+        st2.load(c, keys[c], store)
+    t["load"] = time.perf_counter() - t0
+    st2.stage_in(0, dst[0])  # warm-up
+    before = st2.stats.bytes_in
+    t["stage_in"] = _timed(lambda: [st2.stage_in(c, dst[c]) for c in range(chunks)], device, repeat)
+    in_round = (st2.stats.bytes_in - before) // repeat
+    _sync(device)
+    equal = all(torch.equal(kv2[i][dst[c]].view(torch.uint8), kv[i][src[c]].view(torch.uint8))
+                for c in range(chunks) for i in range(layers))
+    in_stats = st2.stats.to_dict()
+    del st2
+    row2.close()
+
+    barrier.wait()  # the limit is measured by rank 0 alone, with the other ranks idle
+    if rank == 0:
+        # One plain copy of the same bytes between a device tensor and a pinned host tensor.
         host = torch.empty(payload, dtype=torch.uint8, pin_memory=cuda)
         dev = torch.empty(payload, dtype=torch.uint8, device=device)
-        rows["plain_d2h"] = _timed(lambda: [host.copy_(dev, non_blocking=True) for _ in range(chunks)], device, repeat)
-        rows["plain_h2d"] = _timed(lambda: [dev.copy_(host, non_blocking=True) for _ in range(chunks)], device, repeat)
+        t["plain_d2h"] = _timed(lambda: [host.copy_(dev, non_blocking=True) for _ in range(chunks)], device, repeat)
+        t["plain_h2d"] = _timed(lambda: [dev.copy_(host, non_blocking=True) for _ in range(chunks)], device, repeat)
+    barrier.wait()
+    return {"rank": rank, "times": t, "equal": equal, "pinned": pinned, "payload": payload,
+            "bytes_out": out_round, "bytes_in": in_round,
+            "bytes_to_file": out_stats["bytes_to_file"], "bytes_from_file": in_stats["bytes_from_file"],
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
+
+
+class _NoBarrier:
+    def wait(self) -> None:
+        return None
+
+
+def _spawned(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], root: str, barrier: Any,
+             q: Any) -> None:
+    try:
+        q.put((rank, "ok", rank_check(rank, tp, cfg, names, root, barrier)))
+    except BaseException:
+        import traceback
+
+        q.put((rank, "error", traceback.format_exc()))
+
+
+def run_check(device_name: str, *, tp: int, layers: int, tokens: int, latent: int, blocks_per_chunk: int,
+              chunks: int, num_blocks: int, root: str | None, repeat: int) -> int:
+    """Run every rank (in this process for TP=1, else spawned), print the table; returns the exit status."""
+    if num_blocks < 2 * chunks * blocks_per_chunk:
+        raise SystemExit(f"--num-blocks must be >= 2 * chunks * blocks_per_chunk = {2 * chunks * blocks_per_chunk}")
+    cfg = {"device": device_name, "layers": layers, "tokens": tokens, "latent": latent,
+           "blocks_per_chunk": blocks_per_chunk, "chunks": chunks, "num_blocks": num_blocks, "repeat": repeat}
+    names = (f"gpucheck-{uuid.uuid4().hex[:12]}", f"gpucheck-{uuid.uuid4().hex[:12]}")
+    tmp = root or tempfile.mkdtemp(prefix="kvformat-gpu-check-")
+    try:
+        if tp == 1:
+            res = {0: rank_check(0, 1, cfg, names, tmp, _NoBarrier())}
+        else:
+            import multiprocessing as mp
+
+            # Ranks are forked from a server that imported torch but never touched CUDA: CUDA-safe
+            # like spawn, without importing torch once per rank.
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["torch", "kvformat.staging"])
+            q, barrier = ctx.Queue(), ctx.Barrier(tp)
+            procs = [ctx.Process(target=_spawned, args=(r, tp, cfg, names, tmp, barrier, q), daemon=True)
+                     for r in range(tp)]
+            for p in procs:
+                p.start()
+            res = {}
+            try:
+                while len(res) < tp:
+                    r, status, v = q.get(timeout=540)
+                    if status != "ok":
+                        print(f"rank {r} failed:\n{v}")
+                        return 1
+                    res[r] = v
+            finally:
+                for p in procs:
+                    p.join(timeout=30)
+                    if p.is_alive():
+                        p.kill()
     finally:
         if root is None:
             shutil.rmtree(tmp, ignore_errors=True)
+    _print(res, cfg, tp)
+    return 0 if all(r["equal"] for r in res.values()) else 1
 
-    total = payload * chunks
+
+def _print(res: dict[int, dict[str, Any]], cfg: dict[str, Any], tp: int) -> None:
+    r0 = res[0]
+    rows = r0["times"]
+    payload = r0["payload"]
+    total = payload * cfg["chunks"]
     gbs = {k: total / v / 1e9 for k, v in rows.items()}
-    name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    print(f"kvformat gpu_check on {name}: {layers} layers x {tokens} tokens x {latent} bf16, "
-          f"{blocks_per_chunk} blocks/chunk, {chunks} chunks, {payload / 2**20:.1f} MiB/chunk, "
-          f"{total / 2**20:.1f} MiB in all, row pinned: {'yes' if pinned else 'no'}, best of {repeat}")
+    cuda = r0["device_name"] != "cpu"
+    print(f"kvformat gpu_check on {r0['device_name']}: TP={tp}, {cfg['layers']} layers x {cfg['tokens']} tokens x "
+          f"{cfg['latent']} bf16, {cfg['blocks_per_chunk']} blocks/chunk, {cfg['chunks']} chunks, "
+          f"{payload / 2**20:.1f} MiB/chunk, {total / 2**20:.1f} MiB in all, row pinned: "
+          f"{'yes' if r0['pinned'] else 'no'}, best of {cfg['repeat']} (rank 0 = writer)")
     plain = "plain pinned" if cuda else "plain host"
     table = [
         ("D2H stage_out (KV -> shared row)", "stage_out", "plain_d2h"),
@@ -135,14 +219,19 @@ def run_check(device_name: str, *, layers: int, tokens: int, latent: int, blocks
     for label, k, ref in table:
         ratio = f"{gbs[k] / gbs[ref]:.2f}x" if ref else ""
         print(f"{label:36} {rows[k]:9.4f} {gbs[k]:8.2f} {ratio:>9}")
-    print(f"bytes equal: {'yes' if equal else 'NO'}")
-    return 0 if equal else 1
+    for r in sorted(res):
+        x = res[r]
+        print(f"rank {r}: copied out {x['bytes_out'] / 2**20:.1f} MiB/round, copied in "
+              f"{x['bytes_in'] / 2**20:.1f} MiB/round, file bytes written {x['bytes_to_file'] / 2**20:.1f} "
+              f"MiB, read {x['bytes_from_file'] / 2**20:.1f} MiB, bytes equal: {'yes' if x['equal'] else 'NO'}")
+    print(f"bytes equal: {'yes' if all(x['equal'] for x in res.values()) else 'NO'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, say "not run" without a GPU, else run the check. Returns the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cuda:N or cpu")
+    p.add_argument("--tp", type=int, default=2, help="ranks sharing the row, one process each (1: in this process)")
     p.add_argument("--layers", type=int, default=61)
     p.add_argument("--tokens", type=int, default=64, help="tokens per block")
     p.add_argument("--latent", type=int, default=576, help="latent width (bf16 elements per token)")
@@ -160,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("not run: no GPU available")
             return 0
         dev = "cuda" if dev == "auto" else dev
-    return run_check(dev, layers=a.layers, tokens=a.tokens, latent=a.latent, blocks_per_chunk=a.blocks_per_chunk,
+    return run_check(dev, tp=a.tp, layers=a.layers, tokens=a.tokens, latent=a.latent, blocks_per_chunk=a.blocks_per_chunk,
                      chunks=a.chunks, num_blocks=a.num_blocks, root=a.root, repeat=a.repeat)
 
 
