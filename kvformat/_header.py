@@ -267,19 +267,10 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raw_xxh3 = parse_hex("kvf.raw_xxh3", _meta_str(meta, "kvf.raw_xxh3"), HEX64_LEN)
         level = parse_uint("kvf.level", _meta_str(meta, "kvf.level"), maximum=22)
     try:
-        layout = _layout(
-            model=_meta_str(meta, "kvf.model"), revision=_meta_str(meta, "kvf.revision", False),
-            kv_dtype=_meta_str(meta, "kvf.kv_dtype"), family=_meta_str(meta, "kvf.family"),
-            tokens_per_block=parse_uint("kvf.tokens_per_block", _meta_str(meta, "kvf.tokens_per_block"), minimum=1),
-            blocks_per_chunk=bpc,
-            tokens_per_hash=parse_uint("kvf.tokens_per_hash", _meta_str(meta, "kvf.tokens_per_hash"), minimum=1),
-            group=parse_uint("kvf.group", _meta_str(meta, "kvf.group"), maximum=1 << 16), layers_key=layers_key)
+        static = tuple(meta.get(k) for k in _STATIC_KEYS)
+        layout, prov0 = _static(static, bpc, layers_key)
         key = BlockKey(_meta_str(meta, "kvf.key"), layout.group)
-        prov = Provenance(
-            tp=parse_uint("kvf.tp", _meta_str(meta, "kvf.tp"), minimum=1), pp=parse_uint("kvf.pp", _meta_str(meta, "kvf.pp"), minimum=1),
-            dcp=parse_uint("kvf.dcp", _meta_str(meta, "kvf.dcp"), minimum=1), pcp=parse_uint("kvf.pcp", _meta_str(meta, "kvf.pcp"), minimum=1),
-            row=_meta_str(meta, "kvf.row"), writer=_meta_str(meta, "kvf.writer"),
-            created=parse_uint("kvf.created", _meta_str(meta, "kvf.created")))
+        prov = _with_created(prov0, parse_uint("kvf.created", _meta_str(meta, "kvf.created")))
     except TypeError as e:  # a field of the wrong JSON type reached a dataclass check
         raise SchemaError("__metadata__", str(e)[:120]) from None
     if codec == "none" and data_bytes != layout.payload_bytes:
@@ -290,6 +281,36 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
     return BlockHeader(version=version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=data_offset, data_bytes=data_bytes, raw_bytes=layout.payload_bytes,
                        header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra)
+
+
+# Metadata that is the same for every file of one writer and layout: parsed and validated once (cached),
+# so a read of one more file of a known deployment only parses its per-file fields (key, checksums, time).
+_STATIC_KEYS = ("kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
+                "kvf.tokens_per_hash", "kvf.group", "kvf.tp", "kvf.pp", "kvf.dcp", "kvf.pcp", "kvf.row", "kvf.writer")
+
+
+@functools.lru_cache(maxsize=64)
+def _static(values: tuple[str | None, ...], bpc: int, layers_key: Any) -> tuple[CanonicalLayout, Provenance]:
+    m = dict(zip(_STATIC_KEYS, values))
+    for k, v in m.items():
+        if v is None and k != "kvf.revision":
+            raise SchemaError(k, "missing from __metadata__")  # F-4.4
+    layout = _layout(
+        model=m["kvf.model"], revision=m["kvf.revision"], kv_dtype=m["kvf.kv_dtype"], family=m["kvf.family"],
+        tokens_per_block=parse_uint("kvf.tokens_per_block", m["kvf.tokens_per_block"], minimum=1),
+        blocks_per_chunk=bpc, tokens_per_hash=parse_uint("kvf.tokens_per_hash", m["kvf.tokens_per_hash"], minimum=1),
+        group=parse_uint("kvf.group", m["kvf.group"], maximum=1 << 16), layers_key=layers_key)
+    prov = Provenance(tp=parse_uint("kvf.tp", m["kvf.tp"], minimum=1), pp=parse_uint("kvf.pp", m["kvf.pp"], minimum=1),
+                      dcp=parse_uint("kvf.dcp", m["kvf.dcp"], minimum=1),
+                      pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1), row=m["kvf.row"], writer=m["kvf.writer"])
+    return layout, prov
+
+
+def _with_created(prov: Provenance, created: int) -> Provenance:
+    """A copy of an already validated Provenance with another creation time (no re-validation)."""
+    out = object.__new__(Provenance)
+    out.__dict__.update(prov.__dict__, created=created)
+    return out
 
 
 _KNOWN = frozenset({"kvformat", "kvf.hxxh3", "kvf.codec", "kvf.dxxh3", "kvf.level", "kvf.raw_xxh3", "kvf.layers",
