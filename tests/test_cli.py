@@ -194,6 +194,8 @@ def test_verify_legacy_root_checks_replicas(tmp_path, capsys):
     capsys.readouterr()
     rc, d = _run_json(["verify", t.root], capsys)
     assert rc == 1 and d["bad"][0]["reason"] == "ReplicaMismatchError" and d["bad"][0]["path"] == t.paths[h]
+    assert main(["verify", t.paths[h]]) == 1 and main(["verify", t.paths[sorted(t.paths)[0]]]) == 0
+    assert main(["verify", "--quarantine", t.paths[h]]) == 2
 
 
 # -- gc ------------------------------------------------------------------------------------------------

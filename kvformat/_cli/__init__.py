@@ -124,14 +124,26 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    from ._inspect import find_store_root, inspect_file, inspect_legacy, scan_root
+    from ._inspect import (
+        find_store_root, inspect_file, inspect_legacy, inspect_legacy_file, legacy_file_namespace, scan_root,
+    )
     from ..legacy import is_legacy_root
     from ..storage import LocalStore
 
     path = a.path
     bad: list[dict[str, Any]] = []
     checked = 0
-    if os.path.isfile(path):
+    if os.path.isfile(path) and path.endswith(".bin") and legacy_file_namespace(path) is not None:
+        if a.quarantine:
+            raise UsageError("--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by")
+        d = inspect_legacy_file(*legacy_file_namespace(path), verify=True, page_bytes=a.page_bytes)  # type: ignore[misc]
+        checked = 1
+        if d["error"]:
+            if d["row"] is None:
+                raise UsageError(f"{path}: {d['error']['message']}")
+            bad.append({"path": path, "reason": d["error"]["reason"], "message": d["error"]["message"]})
+        targets = []
+    elif os.path.isfile(path):
         d = inspect_file(path, verify=True)
         checked = 1
         if d["error"]:
