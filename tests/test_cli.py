@@ -250,3 +250,14 @@ def test_console_script_runs(tmp_path):
     assert r.returncode == 0 and "checked 2 files: 0 bad" in r.stdout
     r = subprocess.run(cmd + ["verify", "--bogus", root], capture_output=True, text=True)
     assert r.returncode == 2
+
+
+def test_demo_tells_the_whole_story(tmp_path, capsys):
+    assert main(["demo", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for needle in ("written at TP=8", "legacy vLLM fs-tier root", "converted 12, skipped 0, failed 0",
+                   "TP=2: 12/12 blocks byte-identical", "TP=1: 12/12 blocks byte-identical", "7.9x smaller",
+                   "read refused: ChecksumError", "destination zeroed, not left holding wrong bytes: True",
+                   "kvformat verify --quarantine", "demo OK"):
+        assert needle in out, needle
+    assert os.path.isdir(tmp_path / "kvformat-cache" / ".quarantine")
