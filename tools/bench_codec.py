@@ -160,12 +160,27 @@ def bench_medium(root: str, files: int, reps: int, cold: bool) -> dict[str, dict
     return out
 
 
+def _fstype(path: str) -> str:
+    """The filesystem type of the longest mount point above ``path`` (from /proc/mounts)."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as fh:
+            for line in fh:
+                parts = line.split()
+                mp = parts[1]
+                if os.path.realpath(path).startswith(mp.rstrip("/") + "/") or os.path.realpath(path) == mp:
+                    if len(mp) >= len(best):
+                        best, kind = mp, f"{parts[2]} on {parts[0]}"
+    except OSError:
+        pass
+    return kind
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=24)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--disk-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                       ".bench-tmp"))
+    ap.add_argument("--disk-dir", default="/var/tmp", help="a directory on the local disk (not tmpfs)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache disk read pass")
     a = ap.parse_args(argv)
     media = [("/dev/shm", "/dev/shm", False), ("disk", a.disk_dir, not a.no_cold)]
@@ -180,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             res = bench_medium(root, a.files, a.reps, cold)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        dev = os.stat(base).st_dev
-        rows.append((label, base, dev, res))
+        rows.append((label, base, _fstype(base), res))
     raw, st = "raw os.write/readv", "safetensors.torch"
     hdr = f"{'medium':<18}{'method':<22}{'write GB/s':>11}{'vs raw':>8}{'vs st':>7}{'read GB/s':>11}{'vs raw':>8}{'vs st':>7}"
     print(hdr)
     print("-" * len(hdr))
-    for label, base, _, res in rows:
+    for label, base, fstype, res in rows:
+        print(f"{label}: {base} ({fstype})")
         kinds = [("read", label)] + ([("read_cold", label + " (cold)")] if "read_cold" in res[raw] else [])
         for rk, lab in kinds:
             for m, v in res.items():
