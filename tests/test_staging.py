@@ -120,13 +120,10 @@ def _out_worker(rank: int, tp: int, name: str, root: str, rotate: bool, int8_vie
     # Every rank returns from stage_out only once the chunk is published: it can read it now.
     slots_ok = all(_bytes_of(row.slot(c)) == _expected_payload(ids[c]) for c in range(CHUNKS))
     saved = [st.save(c, _key(c), open_store(root)) for c in range(CHUNKS)]
+    stats = {"copied": copied, "saved": [s[0] if s else None for s in saved], **st.stats.to_dict()}
     del st
     row.close()
-    return {"stats": _stats(copied, saved), "gone_after_open": gone_after_open, "slots_ok": slots_ok}
-
-
-def _stats(copied: list[bool], saved: list[Any]) -> dict[str, Any]:
-    return {"copied": copied, "saved": [s[0] if s else None for s in saved]}
+    return {"stats": stats, "gone_after_open": gone_after_open, "slots_ok": slots_ok}
 
 
 def _expected_payload(block_ids: list[int]) -> bytes:
@@ -223,6 +220,10 @@ def test_stage_out_tp2_tp4_to_file_then_stage_in_fresh_tp2(tmp_path: Path) -> No
         assert [res[r]["stats"]["copied"] for r in range(tp)] == [[True] * CHUNKS] + [[False] * CHUNKS] * (tp - 1)
         assert all(res[r]["gone_after_open"] and res[r]["slots_ok"] for r in range(tp))
         assert [res[r]["stats"]["saved"] for r in range(1, tp)] == [[None] * CHUNKS] * (tp - 1)
+        # Counted by the stagers: the group copied each chunk's bytes once, all of it on rank 0.
+        assert [res[r]["stats"]["bytes_out"] for r in range(tp)] == [CHUNKS * L.payload_bytes] + [0] * (tp - 1)
+        assert [res[r]["stats"]["chunks_written"] for r in range(tp)] == [CHUNKS] + [0] * (tp - 1)
+        assert all(res[r]["stats"]["chunks_observed"] == CHUNKS for r in range(1, tp))
         assert not _shm_entries(names[tp])
     ids = _ids(7)
     orig = _kv()
@@ -252,6 +253,9 @@ def test_writer_rotation_covers_all_ranks(tmp_path: Path) -> None:
     tp = 4
     res = _run_group(_out_worker, tp, tp, _name(), str(tmp_path), True, False)
     copied = [res[r]["stats"]["copied"] for r in range(tp)]
+    page_total = _layout().payload_bytes // BPC
+    for r in range(tp):  # bytes counted by each rank's stager match the chunks it was elected for
+        assert res[r]["stats"]["bytes_out"] == sum(copied[r]) * BPC * page_total
     for c in range(CHUNKS):
         assert [copied[r][c] for r in range(tp)].count(True) == 1 and copied[c % tp][c]
     assert all(any(copied[r]) for r in range(tp))
