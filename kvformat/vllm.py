@@ -197,10 +197,10 @@ class KVFormatTier(SecondaryTierManager):
         self.locality = Locality(locality) if locality is not None else None
         self.layout, self.copies, self.row_kind = derive_layout(offloading_spec, model_revision)
         self.namespace = self.layout.namespace()
-        opts = dict(self.config.storage_options)
         if "://" not in root or root.startswith("file://"):
-            opts.setdefault("o_direct", o_direct)
-        self.store = open_store(root, **opts)
+            self.store = open_store(root, o_direct=o_direct)  # storage_options are for URL roots only
+        else:
+            self.store = open_store(root, **self.config.storage_options)
         self.events: list[OffloadingEvent] | None = None
         if enable_kv_events:
             if offloading_spec.kv_events_config.enable_kv_cache_events:
