@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from typing import Any, Iterator
 
@@ -73,6 +75,7 @@ class LocalStore(Store):
     def quarantine(self, relpath: str, reason: str) -> str | None:
         dst_rel = f"{QUARANTINE_DIR}/{relpath}.{reason}"
         dst = self._abs(dst_rel)
+        _refuse_symlinks(self.root, os.path.dirname(dst))
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         try:
             os.replace(self._abs(relpath), dst)
@@ -99,3 +102,18 @@ class LocalStore(Store):
             return [d for d in os.listdir(self.root) if os.path.isfile(os.path.join(self.root, d, NAMESPACE_FILE))]
         except FileNotFoundError:
             return []
+
+
+def _refuse_symlinks(root: str, path: str) -> None:
+    """Raise ELOOP if a directory between ``root`` and ``path`` is a symlink.
+
+    A planted ``.quarantine`` symlink must not move a bad file (or create directories) outside the root.
+    """
+    p = root
+    for part in os.path.relpath(path, root).split(os.sep):
+        p = os.path.join(p, part)
+        try:
+            if stat.S_ISLNK(os.lstat(p).st_mode):
+                raise OSError(errno.ELOOP, "a symlink inside the store root would lead the move out of it", p)
+        except FileNotFoundError:
+            return
