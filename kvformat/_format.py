@@ -6,7 +6,7 @@ from typing import Any
 
 from . import _codec
 from ._header import check_layout, decode_header, encode_header, xxh3_hex
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, parse_uint
 from .errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
 
 
@@ -40,6 +40,7 @@ def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: 
         data: memoryview | bytes = mv
         dx = raw
     elif codec == "zstd":
+        parse_uint("kvf.level", level, maximum=22)  # refuse before spending time compressing
         data = _codec.compress(mv, level)
         dx = xxh3_hex(data)
     else:

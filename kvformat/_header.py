@@ -54,6 +54,8 @@ def encode_header(layout: CanonicalLayout, key: BlockKey, provenance: Provenance
         raise SchemaError("kvf.codec", f"expected one of {CODECS}, got {codec!r}")
     if key.group != layout.group:
         raise SchemaError("key.group", f"expected the layout's group {layout.group}, got {key.group}")
+    if codec != "none":  # never write a level the reader refuses (kvf.level is 0..22, spec §4.2)
+        parse_uint("kvf.level", level if level is not None else 0, maximum=22)
     meta: dict[str, str] = {"kvformat": FORMAT_VERSION, "kvf.hxxh3": HEX64_ZERO.decode(), "kvf.codec": codec,
                             "kvf.dxxh3": data_xxh3}
     if codec != "none":

@@ -318,3 +318,14 @@ def test_verify_false_still_checks_the_schema():
     assert hdr.raw_bytes == len(view)
     with pytest.raises(errors.SchemaError):
         K.decode(bytes(f).replace(b'"kvf.codec":"none"', b'"kvf.codec":"lz44"'), verify=False)
+
+
+def test_a_zstd_level_the_reader_would_refuse_is_refused_at_write(tmp_path):
+    L = _ds(n=1, tpb=1)
+    for level in (-1, 23):
+        with pytest.raises(errors.SchemaError) as e:
+            K.save_file(bytes(L.payload_bytes), tmp_path / "z.kvf", L, KEY, codec="zstd", level=level)
+        assert e.value.field == "kvf.level"
+    assert not list(tmp_path.iterdir())
+    K.save_file(bytes(L.payload_bytes), tmp_path / "z.kvf", L, KEY, codec="zstd", level=22)
+    assert K.read_header(tmp_path / "z.kvf").level == 22
