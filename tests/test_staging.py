@@ -300,8 +300,9 @@ def _open_threads(name: str, world: int, slot_bytes: int, num_chunks: int = 2,
 
     def go(r: int) -> None:
         try:
+            # pin="off": threads share one process, which can register a range with CUDA only once.
             rows[r] = SharedRow.open(name, rank=r, world_size=world, num_chunks=num_chunks, slot_bytes=slot_bytes,
-                                     timeout_s=timeout_s)
+                                     timeout_s=timeout_s, pin="off")
         except BaseException as e:
             rows[r] = e
 
@@ -334,7 +335,7 @@ def test_row_is_page_aligned_shared_and_unlinked_once_mapped() -> None:
     try:
         assert all(isinstance(r, SharedRow) for r in rows)
         assert not os.path.exists(row_path(name))
-        assert sum(r.creator for r in rows) == 1 and not any(r.pinned for r in rows)
+        assert sum(r.creator for r in rows) == 1
         for c in range(3):
             assert rows[0].slot(c).data_ptr() % 4096 == 0 and rows[0].slot(c).numel() == 5000
         rows[0].slot(2).fill_(7)
