@@ -279,7 +279,7 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")  # F-4.9
     if codec != "none" and data_bytes > MAX_PAYLOAD_BYTES + (MAX_PAYLOAD_BYTES >> 7) + (1 << 20):
         raise OversizedHeaderError("compressed data bytes", MAX_PAYLOAD_BYTES, data_bytes)
-    extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > len(_KNOWN) - 4 else {}
+    extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > len(_KNOWN) - 4 else {}  # F-7.2
     return BlockHeader(version=version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=data_offset, data_bytes=data_bytes, raw_bytes=layout.payload_bytes,
                        header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra)

@@ -146,7 +146,7 @@ def _read_header_fd(fd: int, size: int, verify: bool) -> BlockHeader:
     end = header_length(first)
     if end > len(first):
         if end > size:
-            raise TruncatedError("header", end, size)
+            raise TruncatedError("header", end, size)  # F-3.3
         rest = bytearray(end - len(first))
         got = _read_exact(fd, memoryview(rest), len(first))
         first += rest[:got]
