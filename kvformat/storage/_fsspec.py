@@ -23,6 +23,7 @@ import concurrent.futures
 import inspect
 import logging
 import os
+import queue
 import re
 import secrets
 import threading
@@ -250,42 +251,66 @@ class FsspecStore(Store):
                 delay = min(0.05 * 4 ** attempt * (0.5 + secrets.randbelow(1000) / 1000), 2.0)
                 await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
 
-    def _run_many(self, what: str, fn: Callable[[Any], Awaitable[Any]], items: Sequence[Any],
-                  labels: Sequence[str], timeout_s: float | None = None) -> list[Any]:
-        """Run ``fn(item)`` for every item concurrently on the I/O loop; a result or an exception per item."""
+    def _iter_many(self, what: str, fn: Callable[[Any], Awaitable[Any]], items: Sequence[Any],
+                   labels: Sequence[str], timeout_s: float | None = None) -> Iterator[tuple[int, Any]]:
+        """Run ``fn(item)`` for every item concurrently on the I/O loop; yield ``(index, result or exception)``
+        as each finishes, so the caller decodes one block while the others are still in flight."""
         if not items:
-            return []
+            return
         if _on_loop(self._loop):
             raise RuntimeError("FsspecStore calls block; do not make them from fsspec's I/O loop")
         t = self.timeout_s if timeout_s is None else timeout_s
+        q: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
 
-        async def batch() -> list[Any]:
+        async def batch() -> None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + t
-            tasks = [asyncio.ensure_future(self._attempts(f"{what} {lab}", (lambda it=it: fn(it)), deadline))
-                     for it, lab in zip(items, labels)]
-            done, pending = await asyncio.wait(tasks, timeout=t)
-            for p in pending:
-                p.cancel()
-            out: list[Any] = []
-            for task, lab in zip(tasks, labels):
-                if task in pending:
+
+            async def one(i: int) -> None:
+                try:
+                    q.put((i, await self._attempts(f"{what} {labels[i]}", lambda: fn(items[i]), deadline)))
+                except asyncio.CancelledError:
                     self.stats["timeouts"] += 1
-                    out.append(TimeoutError(f"{what} {lab}: timed out after {t:g}s"))
-                else:
-                    exc = task.exception()
-                    out.append(exc if exc is not None else task.result())
+                    q.put((i, TimeoutError(f"{what} {labels[i]}: timed out after {t:g}s")))
+                    raise
+                except BaseException as e:  # noqa: BLE001  (handed to the caller per item)
+                    q.put((i, e))
+
+            tasks = [asyncio.ensure_future(one(i)) for i in range(len(items))]
+            _, pending = await asyncio.wait(tasks, timeout=t)
+            for task in pending:
+                task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)  # let cancellations release connections
-            return out
 
         fut = asyncio.run_coroutine_threadsafe(batch(), self._loop)
+        seen: set[int] = set()
+        end = time.monotonic() + t + 2.0
         try:
-            return fut.result(t + 2.0)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            self.stats["timeouts"] += 1
-            return [TimeoutError(f"{what} {lab}: timed out after {t:g}s") for lab in labels]
+            while len(seen) < len(items):
+                try:
+                    i, r = q.get(timeout=max(0.0, end - time.monotonic()))
+                except queue.Empty:  # the loop itself is stuck: give up on what is left
+                    fut.cancel()
+                    break
+                if i not in seen:
+                    seen.add(i)
+                    yield i, r
+        finally:
+            if len(seen) < len(items):
+                fut.cancel()
+        for i in range(len(items)):
+            if i not in seen:
+                self.stats["timeouts"] += 1
+                yield i, TimeoutError(f"{what} {labels[i]}: timed out after {t:g}s")
+
+    def _run_many(self, what: str, fn: Callable[[Any], Awaitable[Any]], items: Sequence[Any],
+                  labels: Sequence[str], timeout_s: float | None = None) -> list[Any]:
+        """Run ``fn(item)`` for every item concurrently on the I/O loop; a result or an exception per item."""
+        out: list[Any] = [None] * len(items)
+        for i, r in self._iter_many(what, fn, items, labels, timeout_s):
+            out[i] = r
+        return out
 
     def _run_one(self, what: str, fn: Callable[[Any], Awaitable[Any]], relpath: str) -> Any:
         r = self._run_many(what, fn, [relpath], [self._where(relpath)])[0]
@@ -381,12 +406,12 @@ class FsspecStore(Store):
     def put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool = False,
                  fsync: bool = False, timeout_s: float | None = None) -> list[bool | BaseException]:
         """Write many files concurrently. Per item: True (written), False (existed), or the exception."""
-        datas = [(rel, b"".join(as_bytes_view(p) for p in parts)) for rel, parts in items]
-        for rel, _ in datas:
+        for rel, _ in items:
             self._full(rel)
-        res = self._run_many("put", lambda it: self._a_put(it[0], it[1], overwrite), datas,
-                             [self._where(r) for r, _ in datas], timeout_s)
-        for (rel, _), r in zip(datas, res):
+        # Joined on the loop when its turn comes: the first PUT starts before the last body is built.
+        res = self._run_many("put", lambda it: self._a_put(it[0], b"".join(as_bytes_view(p) for p in it[1]), overwrite),
+                             items, [self._where(r) for r, _ in items], timeout_s)
+        for (rel, _), r in zip(items, res):
             if not isinstance(r, BaseException):
                 self._remember(rel, True)
         return res
@@ -424,22 +449,27 @@ class FsspecStore(Store):
         Per item the header or the exception (the bytes are checked before ``out`` is touched; a
         checksum failure leaves ``out`` zeroed). Decoding runs in the calling thread.
         """
-        bufs = self.read_many_bytes([rel for rel, _, _ in items], timeout_s=timeout_s)
-        res: list[BlockHeader | BaseException] = []
-        for (rel, out, key), buf in zip(items, bufs):
+        for rel, _, _ in items:
+            self._full(rel)
+        res: list[BlockHeader | BaseException | None] = [None] * len(items)
+        for i, buf in self._iter_many("get", lambda rel: self._a_get(self._full(rel)), [r for r, _, _ in items],
+                                      [self._where(r) for r, _, _ in items], timeout_s):
+            rel, out, key = items[i]
             if isinstance(buf, BaseException):
-                res.append(buf)
+                if isinstance(buf, FileNotFoundError):
+                    self._remember(rel, False)
+                res[i] = buf
                 continue
             try:
-                hdr, _ = decode(buf, out, expect=expect, key=key, verify=verify)
-                res.append(hdr)
+                res[i], _ = decode(buf, out, expect=expect, key=key, verify=verify)
             except KVFormatError as e:
                 if isinstance(e, (ChecksumError, CodecError)):  # decode checks before copying; the contract is zeroed
                     invalidate(as_bytes_view(out, writable=True))
-                res.append(e.with_path(self._where(rel)))
+                res[i] = e.with_path(self._where(rel))
             except ValueError as e:  # destination too small: the caller's bug, reported as such
-                res.append(e)
-        return res
+                res[i] = e
+            del buf
+        return res  # type: ignore[return-value]
 
     def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
         """Header only: a ranged GET of the first 8 KiB (more if the header is longer) and a HEAD for the size."""
