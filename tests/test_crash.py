@@ -269,3 +269,134 @@ def _walk_bins(root: str):
         for n in files:
             if n.endswith(".bin"):
                 yield os.path.join(d, n)
+
+
+# -- the vLLM tier ---------------------------------------------------------------------------------------
+
+# Importing vLLM takes seconds, so one "zygote" imports it once and forks a fresh tier writer per kill
+# point; each writer builds a real Deployment (vLLM's manager + KVFormatTier) and stores every key.
+ZYGOTE = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload, page_bytes_for
+import kvformat as K
+N, KW = int(sys.argv[3]), dict(n_layers=8, tokens_per_block=64, width=576, num_chunks=16)
+SLOT = page_bytes_for(64, 576, "bfloat16") * 8
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, root, tag = line.split()
+    if cmd == "run":
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with Deployment([kvformat_tier(root, read_threads=2, write_threads=4)], engine_id=f"kvft_crash_{tag}",
+                                **KW) as dep:
+                    keys = make_keys(N, "crash")
+                    items = {k: make_payload(k.hex(), dep.slot_bytes) for k in keys}
+                    dep.tier().wait_scanned(30)
+                    print("go", os.getpid(), flush=True)
+                    dep.store(items)
+                    print("stored", flush=True)
+                print("done", flush=True)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        try:
+            os.unlink(f"/dev/shm/vllm_offload_kvft_crash_{tag}.mmap")  # a killed writer cannot remove its region
+        except FileNotFoundError:
+            pass
+        print("exit", os.waitstatus_to_exitcode(status), flush=True)
+    elif cmd == "check":  # every final file whole and holding its key's payload
+        slot = SLOT
+        want = {k[:-4].hex(): make_payload(k.hex(), slot) for k in make_keys(N, "crash")}
+        finals = temps = 0
+        for d, _, names in os.walk(root):
+            for n in names:
+                p = os.path.join(d, n)
+                if n.startswith(".kvf-tmp-"):
+                    temps += 1
+                elif n.endswith(".kvf"):
+                    out = bytearray(slot)
+                    K.read_into(p, out, key=K.BlockKey(n[:-4]))
+                    assert bytes(out) == want[n[:-4]], p
+                    finals += 1
+                else:
+                    assert n == "namespace.json", p
+                    json.load(open(p))
+        assert not os.path.exists(os.path.join(root, ".quarantine")), "a crash left a file the tier found corrupt"
+        print("checked", finals, temps, flush=True)
+"""
+
+
+def test_tier_writer_sigkill(tmp_path):
+    """A process running vLLM's manager with KVFormatTier is SIGKILLed while it stores: no partial file,
+    the next tier start removes stale temp files, a re-run converges to every key."""
+    pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM 0.33 is installed by .ci/run")
+    n, kills_wanted = 32, (20 if not SLOW else 200)
+    root = str(tmp_path / "root")
+    z = subprocess.Popen([sys.executable, "-c", ZYGOTE, ROOT, os.path.join(ROOT, "tests"), str(n)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    assert z.stdin is not None and z.stdout is not None
+
+    def say(cmd: str, tag: str) -> None:
+        z.stdin.write(f"{cmd} {root} {tag}\n")
+        z.stdin.flush()
+
+    def expect(word: str) -> list[str]:
+        line = z.stdout.readline().split()
+        assert line and line[0] == word, (line, z.stderr.read()[-3000:] if z.poll() is not None else "")
+        return line[1:]
+
+    try:
+        assert z.stdout.readline().strip() == "ready", z.stderr.read()[-3000:]
+        say("run", "cal")
+        expect("go")
+        t0 = time.monotonic()
+        expect("stored")
+        full = time.monotonic() - t0  # the store phase only: kills aim inside it
+        expect("done")
+        assert expect("exit") == ["0"]
+        rng = random.Random(7)
+        stats = {"kills": 0, "finished_first": 0, "temp_leftovers": 0, "rounds": 0}
+        while stats["kills"] < kills_wanted and stats["rounds"] < 3 * kills_wanted:
+            stats["rounds"] += 1
+            finals = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".kvf")]
+            if len(finals) == n or rng.random() < 0.3:
+                for p in finals:
+                    os.unlink(p)
+                finals = []
+            say("run", f"k{stats['rounds']}")
+            pid = int(expect("go")[0])
+            time.sleep(rng.uniform(0, full * (n - len(finals)) / n))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            line = z.stdout.readline().split()
+            while line and line[0] in ("stored", "done"):
+                stats["finished_first"] += line[0] == "stored"
+                line = z.stdout.readline().split()
+            assert line and line[0] == "exit", line
+            stats["kills"] += int(line[1]) == -signal.SIGKILL
+            say("check", f"c{stats['rounds']}")
+            _finals, temps = map(int, expect("checked"))
+            stats["temp_leftovers"] += temps
+        print(json.dumps({**stats, "store_s": round(full, 3)}))
+        assert stats["kills"] >= kills_wanted
+        assert stats["temp_leftovers"] > 0  # some kills landed inside a write
+        # The next start removes temp files once they are older than a live writer's could be.
+        old = time.time() - 7200
+        for d, _, fs in os.walk(root):
+            for f in fs:
+                if f.startswith(TMP_PREFIX):
+                    os.utime(os.path.join(d, f), (old, old))
+        say("run", "final")
+        expect("go")
+        expect("stored")
+        expect("done")
+        assert expect("exit") == ["0"]
+        say("check", "final")
+        assert list(map(int, expect("checked"))) == [n, 0]  # converged: every key, no leftovers
+    finally:
+        z.stdin.close()
+        z.wait(timeout=60)
