@@ -54,7 +54,7 @@ SHM_DIR = "/dev/shm"
 ROW_PREFIX = "kvformat_row_"
 _MAGIC = int.from_bytes(b"KVFROW01", "little")
 _MAX_WORLD = 1024
-_HDR_WORDS = 16  # magic, num_chunks, slot_bytes, slot_stride, world_size, creator pid, control bytes, ...
+_HDR_WORDS = 16  # magic, num_chunks, slot_bytes, slot_stride, world_size, creator pid, control bytes, start time
 _MAPPED_OFF = 256  # one byte per rank: "I have mapped the row"
 _CHUNK_REC = 64  # bytes of control per chunk: one cache line, so writers of different chunks never share one
 _CHUNK_BASE = _MAPPED_OFF + _MAX_WORLD  # 1280: first chunk record
@@ -212,6 +212,9 @@ class SharedRow:
             row = cls._create_or_join(path, name, total, ctl, (num_chunks, slot_bytes, world_size), rank, backoff)
             if row is not None:
                 break
+            if backoff.expired():
+                raise StagingTimeoutError(f"row {name!r}: could not create or join {path} in time",
+                                          waited_s=backoff.waited())
         try:
             row._join(backoff, name, timeout_s)
             if pin != "off":
@@ -246,6 +249,7 @@ class SharedRow:
                 hdr[1:5] = want
                 hdr[5] = os.getpid()
                 hdr[6] = ctl
+                hdr[7] = _start_time(os.getpid())
                 _fence()
                 hdr[0] = _MAGIC  # last: joiners read the other fields only once this is set
             else:
@@ -259,7 +263,7 @@ class SharedRow:
                 if got != want:
                     raise StagingError(f"row {name!r}: expected (num_chunks, slot_bytes, slot_stride, world_size) "
                                        f"= {want}, got {got} from the rank that created it")
-                if not _pid_alive(int(hdr[5])):
+                if not _creator_alive(int(hdr[5]), int(hdr[7])):
                     # Left by a group that died while opening it: its control words must never be trusted.
                     hdr = None
                     mm.close()
@@ -445,8 +449,21 @@ def _control_bytes(num_chunks: int) -> int:
     return _round_up(_CHUNK_BASE + num_chunks * _CHUNK_REC, ALIGNMENT)
 
 
-def _pid_alive(pid: int) -> bool:
-    """False only when ``pid`` surely does not exist (ranks of one node share a pid namespace)."""
+def _start_time(pid: int) -> int:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _creator_alive(pid: int, start: int) -> bool:
+    """False only when the creating process surely is gone (its pid is free, or now another process's).
+
+    Ranks of one group share a pid namespace, as the processes of one engine on one node do.
+    """
     if pid <= 0:
         return False
     try:
@@ -454,8 +471,9 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    now = _start_time(pid)
+    return not (start and now and now != start)
 
 
 def _open_existing(path: str, backoff: _Backoff) -> int:
