@@ -195,6 +195,8 @@ def test_batched_io_one_request_per_key(s3_bucket: str) -> None:
         else:
             assert isinstance(r, K.BlockHeader) and bytes(outs[i]) == payload(i)
     assert isinstance(res[24], FileNotFoundError)
+    hs = st.read_headers_many([items[1][0], missing, items[2][0]])
+    assert [type(h) for h in hs] == [K.BlockHeader, FileNotFoundError, K.BlockHeader] and hs[2].key == key(2)
     assert st.delete_many([items[0][0], missing]) == [True, False]
 
 

@@ -104,6 +104,7 @@ class FsspecStore(Store):
         writes and deletes update it at once; another host's delete is seen after this long, or
         sooner through a failed read).
     missing_cache_s: the same for "absent" answers (short: another host may write the key).
+    list_timeout_s: deadline of a listing (``list``, ``cleanup_temp``): a large root takes many pages.
     atomic_put: force (True) or avoid (False) single-request writes; default: by protocol.
     storage_options: given to fsspec (``endpoint_url``, ``key``, ``secret``, ``anon``, ``client_kwargs``…);
         anything not given is read from the environment by the backend (``AWS_ENDPOINT_URL``,
@@ -118,7 +119,7 @@ class FsspecStore(Store):
     def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 2, max_in_flight: int = 32,
                  exists_cache_s: float = 30.0, missing_cache_s: float = 1.0, atomic_put: bool | None = None,
                  connect_timeout_s: float = 3.0, read_timeout_s: float | None = None,
-                 **storage_options: Any) -> None:
+                 list_timeout_s: float = 600.0, **storage_options: Any) -> None:
         import fsspec
         from fsspec.asyn import AsyncFileSystem, get_loop
 
@@ -129,6 +130,7 @@ class FsspecStore(Store):
         self.max_in_flight = int(max_in_flight)
         self.exists_cache_s = float(exists_cache_s)
         self.missing_cache_s = float(missing_cache_s)
+        self.list_timeout_s = max(float(list_timeout_s), self.timeout_s)
         self._secrets = _secret_values(storage_options)
         m = re.search(r"://([^/@\s]+)@", url)
         if m:  # user:password@host in the URL: the password (and the pair) count as secrets
@@ -312,8 +314,9 @@ class FsspecStore(Store):
             out[i] = r
         return out
 
-    def _run_one(self, what: str, fn: Callable[[Any], Awaitable[Any]], relpath: str) -> Any:
-        r = self._run_many(what, fn, [relpath], [self._where(relpath)])[0]
+    def _run_one(self, what: str, fn: Callable[[Any], Awaitable[Any]], relpath: str,
+                 timeout_s: float | None = None) -> Any:
+        r = self._run_many(what, fn, [relpath], [self._where(relpath)], timeout_s)[0]
         if isinstance(r, BaseException):
             raise r
         return r
@@ -471,29 +474,44 @@ class FsspecStore(Store):
             del buf
         return res  # type: ignore[return-value]
 
+    async def _a_header(self, rel: str, verify: bool) -> BlockHeader:
+        path = self._full(rel)
+        info, first = await asyncio.gather(self._a_head(path), self._a_get(path, 0, FIRST_READ))
+        if info is None:
+            raise FileNotFoundError(f"{self._where(rel)}: no such object")
+        size = int(info["size"])
+        first = bytes(first)
+        end = header_length(first)
+        if end > len(first):
+            if end > size:
+                raise TruncatedError("header", end, size)
+            first += await self._a_get(path, len(first), end)
+        return decode_header(first, file_bytes=size, verify=verify)
+
     def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
         """Header only: a ranged GET of the first 8 KiB (more if the header is longer) and a HEAD for the size."""
-        async def go(rel: str) -> BlockHeader:
-            path = self._full(rel)
-            info, first = await asyncio.gather(self._a_head(path), self._a_get(path, 0, FIRST_READ))
-            if info is None:
-                raise FileNotFoundError(f"{self._where(rel)}: no such object")
-            size = int(info["size"])
-            first = bytes(first)
-            end = header_length(first)
-            if end > len(first):
-                if end > size:
-                    raise TruncatedError("header", end, size)
-                first += await self._a_get(path, len(first), end)
-            return decode_header(first, file_bytes=size, verify=verify)
+        r = self.read_headers_many([relpath], verify=verify)[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
 
-        try:
-            return self._run_one("head", go, relpath)
-        except KVFormatError as e:
-            raise e.with_path(self._where(relpath))
-        except FileNotFoundError:
-            self._remember(relpath, False)
-            raise
+    def read_headers_many(self, relpaths: Sequence[str], *, verify: bool = True,
+                          timeout_s: float | None = None) -> list[BlockHeader | BaseException]:
+        """Headers of many files, fetched concurrently (see :meth:`read_header`); per item the header or the exception."""
+        for r in relpaths:
+            self._full(r)
+        res = self._run_many("head", lambda rel: self._a_header(rel, verify), list(relpaths),
+                             [self._where(r) for r in relpaths], timeout_s)
+        out: list[BlockHeader | BaseException] = []
+        for rel, r in zip(relpaths, res):
+            if isinstance(r, KVFormatError):
+                r = r.with_path(self._where(rel))
+            elif isinstance(r, FileNotFoundError):
+                self._remember(rel, False)
+            elif isinstance(r, BlockHeader):
+                self._remember(rel, True)
+            out.append(r)
+        return out
 
     def exists(self, relpath: str) -> bool:
         c = self._cached(relpath)
@@ -603,7 +621,7 @@ class FsspecStore(Store):
             except FileNotFoundError:
                 return {}
 
-        found = self._run_one("list", go, prefix or ".")
+        found = self._run_one("list", go, prefix or ".", self.list_timeout_s)
         try:
             self._fs.invalidate_cache()
         except Exception:  # some backends keep no listings cache
@@ -673,7 +691,7 @@ class FsspecStore(Store):
             except FileNotFoundError:
                 return {}
 
-        found = self._run_one("list", go, ".")
+        found = self._run_one("list", go, ".", self.list_timeout_s)
         now = time.time()
         old = [self._fs._strip_protocol(n)[len(self._base) + 1:] for n, i in found.items()
                if n.rsplit("/", 1)[-1].startswith(TMP_PREFIX) and now - _mtime(i) >= older_than_s]
