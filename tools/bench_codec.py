@@ -176,13 +176,52 @@ def _fstype(path: str) -> str:
     return kind
 
 
+def components(root: str, n: int = 300) -> None:
+    """Where a read+verify of one block goes: best and median microseconds of each step (one hot file)."""
+    import xxhash
+
+    flat = _payload()
+    p = os.path.join(root, "c.kvf")
+    K.save_file(flat, p, LAYOUT, _keys(1)[0], provenance=PROV)
+    raw = os.path.join(root, "c.raw")
+    raw_write(raw, flat, {}, _keys(1)[0])
+    dst = memoryview(torch.empty(PAYLOAD, dtype=torch.uint8).numpy())
+    with open(p, "rb") as fh:
+        head = fh.read(8192)
+    steps: dict[str, Callable[[], Any]] = {
+        "raw open+readv+close": lambda: raw_read(raw, dst),
+        "xxh3 of the payload": lambda: xxhash.xxh3_64_hexdigest(dst),
+        "decode_header (61 layers)": lambda: K.decode_header(head),
+        "read_into verify=False": lambda: K.read_into(p, dst, verify=False),
+        "read_into verify=True": lambda: K.read_into(p, dst),
+    }
+    print(f"components on {root} ({_fstype(root)}), {n} runs each, load average {os.getloadavg()[0]:.1f}")
+    for name, f in steps.items():
+        f()
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        ts.sort()
+        print(f"  {name:<28} best {ts[0] * 1e6:8.1f} us   median {ts[n // 2] * 1e6:8.1f} us")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=24)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--disk-dir", default="/var/tmp", help="a directory on the local disk (not tmpfs)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache disk read pass")
+    ap.add_argument("--components", action="store_true", help="only time the steps of one read (best/median us)")
     a = ap.parse_args(argv)
+    if a.components:
+        root = tempfile.mkdtemp(prefix="kvf-bench-", dir="/dev/shm")
+        try:
+            components(root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0
     media = [("/dev/shm", "/dev/shm", False), ("disk", a.disk_dir, not a.no_cold)]
     print(f"DeepSeek-V3 block: 61 layers x 64 tokens x 576 bf16 = {PAYLOAD:,} payload bytes; "
           f"{a.files} files per method, median of {a.reps} passes; torch {torch.__version__}, "
