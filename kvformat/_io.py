@@ -5,13 +5,14 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 import time
 from typing import Any, Iterator, Mapping
 
 from ._format import as_bytes_view, check_expected, decode, encode, invalidate, verify_data
 from ._header import decode_header, header_length
 from ._spec import ALIGNMENT, BlockHeader, BlockKey, CanonicalLayout, Provenance
-from .errors import KVFormatError, LayoutMismatchError, TruncatedError
+from .errors import KVFormatError, LayoutMismatchError, NotKVFormatError, TruncatedError
 
 FIRST_READ = 2 * ALIGNMENT  # a 61-layer header fits here, so most files need one header read
 TMP_PREFIX = ".kvf-tmp-"  # temp files: never matched by readers, removed by gc/start-up (spec §10)
@@ -153,13 +154,26 @@ def _read_header_fd(fd: int, size: int, verify: bool) -> BlockHeader:
     return decode_header(first, file_bytes=size, verify=verify)
 
 
+def _open_regular(p: str) -> int:
+    # O_NONBLOCK: opening a FIFO planted under a block's name must not block a reader forever
+    # (it is a no-op for regular files); anything but a regular file is not a kvformat file.
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):  # an OS error, as a plain read of a directory would give
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
+        raise NotKVFormatError("not a regular file", path=p)
+    return fd
+
+
 def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHeader:
     """Read and check a file's header only (no payload read).
 
     Raises a KVFormatError subclass for a bad header (with ``path`` set); OSError passes through.
     """
     p = os.fspath(path)
-    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = _open_regular(p)
     try:
         return _read_header_fd(fd, os.fstat(fd).st_size, verify)
     except KVFormatError as e:
@@ -181,7 +195,7 @@ def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout
     """
     p = os.fspath(path)
     dst = as_bytes_view(out, writable=True)
-    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = _open_regular(p)
     try:
         size = os.fstat(fd).st_size
         hdr = _read_header_fd(fd, size, verify)

@@ -372,3 +372,77 @@ def test_compact_config_json_symlink_outside_is_not_read(tmp_path):
     r = _run(["compact", src, str(tmp_path / "dst"), "--json", "-q"], timeout=60)
     out.check()
     assert r.returncode in (0, 1)
+
+
+# -- FIFOs where a reader expects a block file --------------------------------------------------------
+
+FIFO_CHILD = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import kvformat as K
+from kvformat.errors import NotKVFormatError
+from kvformat.storage import LocalStore
+p = sys.argv[2]
+for call in (lambda: K.read_header(p), lambda: K.read_into(p, bytearray(64)), lambda: K.open_block(p),
+             lambda: LocalStore(os.path.dirname(p)).read_into(os.path.basename(p), bytearray(64))):
+    try:
+        call()
+    except NotKVFormatError as e:
+        assert "not a regular file" in str(e) and e.path == p, e
+    else:
+        raise SystemExit("accepted a FIFO")
+print("ok")
+"""
+
+
+def test_regression_read_of_a_fifo_does_not_block(tmp_path):
+    """Regression: read_header/read_into opened a FIFO planted under a block name and blocked forever.
+    Now NotKVFormatError ("not a regular file"); a device node too; a directory stays an OS error."""
+    fifo = str(tmp_path / (_h(0) + ".kvf"))
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-c", FIFO_CHILD, ROOT, fifo], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    dev = str(tmp_path / "zero.kvf")
+    if _mknod_ok(dev):
+        with pytest.raises(K.KVFormatError):
+            K.read_into(dev, bytearray(64))
+    with pytest.raises(IsADirectoryError):
+        K.read_header(tmp_path)
+
+
+def test_tier_serves_a_planted_fifo_as_a_miss(tmp_path):
+    """A FIFO planted where the tier expects a block file: a miss, no hung read thread. (A symlinked block
+    file is followed, like any path given to the API: symlinks in a tier's own root are the operator's.)"""
+    pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM 0.33 is installed by .ci/run")
+    from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload
+
+    root = str(tmp_path / "root")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fifo = None
+    try:
+        with Deployment([kvformat_tier(root, read_threads=2, write_threads=2)], n_layers=2, num_chunks=8,
+                        engine_id=f"kvft_untrusted_{os.getpid()}") as dep:
+            keys = make_keys(4, "fifo")
+            items = {k: make_payload(k.hex(), dep.slot_bytes) for k in keys}
+            dep.store(items)
+            files = sorted(os.path.join(d, n) for d, _, ns in os.walk(root) for n in ns if n.endswith(".kvf"))
+            by_key = {os.path.basename(p)[:-4]: p for p in files}
+            fifo = by_key[keys[0][:-4].hex()]
+            os.unlink(fifo)
+            os.mkfifo(fifo)
+            link = by_key[keys[1][:-4].hex()]
+            os.replace(link, elsewhere / "moved.kvf")
+            os.symlink(elsewhere / "moved.kvf", link)
+            dep.evict_primary()
+            got = dep.load(keys, timeout=30)
+            assert got[keys[0]] is None  # the FIFO: a miss, not a hang
+            assert got[keys[1]] == items[keys[1]]
+            assert got[keys[2]] == items[keys[2]] and got[keys[3]] == items[keys[3]]
+            assert dep.tier().counters()["quarantined:NotKVFormatError"] == 1
+    finally:
+        if fifo and os.path.exists(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode):
+            try:  # release a reader blocked on it, should one exist
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
