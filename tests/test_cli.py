@@ -98,6 +98,9 @@ def test_inspect_root_table_and_json(tmp_path, capsys):
     assert rc == 1 and ns["files"] == 5 and ns["corrupt"] == 1 and ns["tp_sizes"] == [2]
     assert ns["oldest"] == 1_700_000_000 and ns["newest"] == 1_700_000_004 and ns["tokens_per_block"] == 16
     assert ns["bad_files"][0]["path"] == rels[0]
+    rc, d = _run_json(["inspect", os.path.join(root, rels[0].split("/")[0])], capsys)  # a namespace directory
+    assert rc == 1 and [n["namespace"] for n in d["namespaces"]] == [_layout().namespace()]
+    assert d["namespaces"][0]["files"] == 5 and d["namespaces"][0]["model"] == MODEL
 
 
 def test_inspect_root_verify_counts_data_corruption(tmp_path, capsys):

@@ -157,6 +157,8 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_
     accs: dict[str, _NsAcc] = {}
     bad: list[tuple[str, KVFormatError]] = []
     entries = _walk(root)
+    # A namespace directory itself (it holds namespace.json): every file belongs to it.
+    single = os.path.basename(root) if os.path.isfile(os.path.join(root, NAMESPACE_FILE)) else None
     results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | None]]
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
@@ -166,7 +168,7 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_
         results = (_check_entry(root, e, verify) for e in entries)
     try:
         for e, hdr, err in results:
-            ns = e.relpath.split("/", 1)[0]
+            ns = single or e.relpath.split("/", 1)[0]
             acc = accs.get(ns) or accs.setdefault(ns, _NsAcc(ns))
             if hdr is None and err is None:
                 continue
@@ -187,6 +189,12 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_
     finally:
         if ex is not None:
             ex.shutdown()
+    if single is not None:
+        accs.setdefault(single, _NsAcc(single))
+        acc = accs[single]
+        if acc.layout is None:
+            acc.layout = _layout_from_doc(os.path.dirname(root), single)
+        return [acc], bad
     try:  # empty namespaces still show up
         for d in os.scandir(root):
             if d.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(d.path, NAMESPACE_FILE)):
