@@ -156,7 +156,8 @@ class KVFormatTier(SecondaryTierManager):
     compression: ``"none"`` (default) or ``"zstd"``; compression_level: zstd level (default 3).
     verify: verify checksums on every load (default true).
     max_bytes: bound on the files under ``root`` (int or "500GiB"); default unbounded.
-    o_direct: ``"auto"`` (default: O_DIRECT reads where the filesystem allows), ``"on"`` or ``"off"``.
+    o_direct: ``"off"`` (default: buffered I/O), ``"auto"``/``"on"`` (O_DIRECT payload reads where the
+        filesystem allows them).
     fsync: fsync each file and its directory before it counts as stored (default false).
     replica_policy: ``"verify"`` (default: per-worker slots must hash equal, else the chunk is not
         stored) or ``"trust_rank0"`` (store worker 0's slot unchecked).
@@ -183,7 +184,7 @@ class KVFormatTier(SecondaryTierManager):
     def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str, root: str,
                  read_threads: int = 8, write_threads: int = 8, compression: str = "none",
                  compression_level: int = 3, verify: bool = True, max_bytes: int | str | None = None,
-                 o_direct: str = "auto", fsync: bool = False, replica_policy: str = "verify",
+                 o_direct: str = "off", fsync: bool = False, replica_policy: str = "verify",
                  model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: "BackpressureDetector | None" = None) -> None:

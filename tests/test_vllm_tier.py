@@ -372,7 +372,7 @@ def test_tier_parameters(tmp_path):
             parse_size("max_bytes", bad)
     cfg = TierConfig.parse(str(tmp_path))
     assert (cfg.read_threads, cfg.write_threads, cfg.compression, cfg.verify, cfg.max_bytes, cfg.o_direct,
-            cfg.fsync, cfg.replica_policy) == (8, 8, "none", True, None, "auto", False, "verify")
+            cfg.fsync, cfg.replica_policy) == (8, 8, "none", True, None, "off", False, "verify")
     for kw, field in [({"compression": "lz4"}, "compression"), ({"replica_policy": "vote"}, "replica_policy"),
                       ({"o_direct": "maybe"}, "o_direct"), ({"read_threads": 0}, "read_threads"),
                       ({"verify": "yes"}, "verify"), ({"storage_options": "x"}, "storage_options")]:
@@ -380,7 +380,7 @@ def test_tier_parameters(tmp_path):
             TierConfig.parse(str(tmp_path), **kw)
     with pytest.raises(TypeError):
         Deployment([kvf(tmp_path, no_such_param=1)], n_layers=N_LAYERS)
-    with Deployment([kvf(tmp_path, locality="LOCAL", fsync=True, o_direct="off", max_bytes="1GiB")],
+    with Deployment([kvf(tmp_path, locality="LOCAL", fsync=True, o_direct="auto", max_bytes="1GiB")],
                     n_layers=N_LAYERS) as dep:
         assert dep.tier().config.max_bytes == 2**30 and dep.tier().locality.value == "LOCAL"
         items = payloads(dep, make_keys(1, "params"))
@@ -394,3 +394,23 @@ def test_harness_drives_builtin_fs_tier(tmp_path):
         assert roundtrip(dep, items) == items
         files = list(tmp_path.rglob("*.bin"))
         assert len(files) == 3 and all(p.stat().st_size == dep.row_bytes for p in files)
+
+
+@pytest.mark.parametrize("kw,field", [({"pp": 2}, "parallel"), ({"dcp": 2}, "parallel"),
+                                      ({"extra_groups": [["model.layers.9.indexer"]]}, "groups"),
+                                      ({"worker_kv_bytes_per_block": 3 * 18432 + 1}, "worker_kv_bytes_per_block")])
+def test_deployments_the_tier_cannot_store_are_refused(tmp_path, kw, field):
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+    from vllm_harness import make_config
+
+    from kvformat.vllm import derive_layout
+
+    args = {"layer_names": [f"l{i}" for i in range(3)], "worker_kv_bytes_per_block": 3 * 18432, "tp": 2, **kw}
+    spec = TieringOffloadingSpec(make_config([kvf(tmp_path)], **args))
+    with pytest.raises(SchemaError, match=field):
+        derive_layout(spec)
+    ok = TieringOffloadingSpec(make_config([kvf(tmp_path)], layer_names=["a", "b"], worker_kv_bytes_per_block=2 * 18432,
+                                           tp=2, replicated=False))
+    layout, copies, kind = derive_layout(ok, "rev1")
+    assert (copies, kind, layout.revision, layout.layers[0].shape, layout.layers[0].dtype) == (
+        2, "per_worker", "rev1", (16, 576), "BF16")

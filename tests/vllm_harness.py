@@ -39,7 +39,8 @@ enable_kv_events=False, engine_id=None)``
 ``dep.lookup_once(key) -> LookupResult``: one lookup in its own request and step.
 ``dep.events() -> list[OffloadingEvent]``, ``dep.stats()`` (the manager's ``get_stats()``),
 ``dep.tier(i=0)`` (the i-th secondary tier object), ``dep.spec``, ``dep.mgr``, ``dep.view``.
-Module helpers: ``make_key(i, salt="")`` (an OffloadKey with a 32-byte block hash),
+Module helpers: ``make_config(tiers, layer_names=…, worker_kv_bytes_per_block=…, …)`` (the bare
+``OffloadingConfig``, e.g. for ``TieringOffloadingSpec(cfg)`` without a manager), ``make_key(i, salt="")`` (an OffloadKey with a 32-byte block hash),
 ``make_keys(n, salt)``, ``make_payload(seed, nbytes)``, ``fs_tier(root, **kw)`` (vLLM's built-in "fs"
 tier), ``kvformat_tier(root, **kw)``, ``page_bytes_for(tokens_per_block, width, dtype)``.
 
@@ -103,6 +104,32 @@ def kvformat_tier(root: str, **kw: Any) -> dict[str, Any]:
     return {"type": "KVFormatTier", "module_path": "kvformat.vllm", "root": str(root), **kw}
 
 
+def make_config(tiers: Sequence[Mapping[str, Any]], *, layer_names: Sequence[str], tp: int = 1,
+                blocks_per_chunk: int = 1, replicated: bool = True, tokens_per_block: int = 16,
+                worker_kv_bytes_per_block: int, dtype: str = "bfloat16", model: str = DEFAULT_MODEL,
+                tokens_per_hash: int | None = None, cpu_bytes: int = 64 << 20, group: int = 0,
+                enable_kv_events: bool = False, engine_id: str | None = None, pp: int = 1, dcp: int = 1,
+                extra_groups: Sequence[Sequence[str]] = ()) -> OffloadingConfig:
+    """The OffloadingConfig vLLM's connector would build for this deployment (scheduler side, rank 0)."""
+    groups = (OffloadingGroupConfig(tokens_per_block=tokens_per_block, layer_names=tuple(layer_names),
+                                    group_id=group),)
+    groups += tuple(OffloadingGroupConfig(tokens_per_block=tokens_per_block, layer_names=tuple(g),
+                                          group_id=group + 1 + i) for i, g in enumerate(extra_groups))
+    return OffloadingConfig(
+        groups=groups,
+        worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+        enable_kv_cache_events=enable_kv_events,
+        extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": [dict(t) for t in tiers]},
+        engine_id=engine_id or f"kvft_{uuid.uuid4().hex[:12]}",
+        model=OffloadingModelConfig(model, dtype, 4096),
+        cache=OffloadingCacheConfig(tokens_per_hash=tokens_per_hash or tokens_per_block,
+                                    blocks_per_chunk=blocks_per_chunk),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=tp * pp, tp_size=tp, pp_size=pp, pcp_size=1, dcp_size=dcp, data_parallel_index=0,
+            data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=False),
+        replicated_layout=replicated, canonical_layout=False, kv_cache_layout=None)
+
+
 class Deployment:
     """One vLLM scheduler-side offloading stack with real tiers; see the module docstring."""
 
@@ -123,21 +150,11 @@ class Deployment:
         copies = 1 if replicated else tp
         row = -(-self.slot_bytes * copies // ROW_ALIGN) * ROW_ALIGN
         self.engine_id = engine_id or f"kvft_{uuid.uuid4().hex[:12]}"
-        self.cfg = OffloadingConfig(
-            groups=(OffloadingGroupConfig(tokens_per_block=tokens_per_block, layer_names=self.layer_names,
-                                          group_id=group),),
-            worker_kv_bytes_per_block=worker_kv_bytes_per_block,
-            enable_kv_cache_events=enable_kv_events,
-            extra_config={"cpu_bytes_to_use": row * num_chunks,
-                          "secondary_tiers": [dict(t) for t in tiers]},
-            engine_id=self.engine_id,
-            model=OffloadingModelConfig(model, dtype, 4096),
-            cache=OffloadingCacheConfig(tokens_per_hash=tokens_per_hash or tokens_per_block,
-                                        blocks_per_chunk=blocks_per_chunk),
-            parallel=OffloadingParallelConfig(
-                rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
-                data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=False),
-            replicated_layout=replicated, canonical_layout=False, kv_cache_layout=None)
+        self.cfg = make_config(tiers, layer_names=self.layer_names, tp=tp, blocks_per_chunk=blocks_per_chunk,
+                               replicated=replicated, tokens_per_block=tokens_per_block,
+                               worker_kv_bytes_per_block=worker_kv_bytes_per_block, dtype=dtype, model=model,
+                               tokens_per_hash=tokens_per_hash, cpu_bytes=row * num_chunks, group=group,
+                               enable_kv_events=enable_kv_events, engine_id=self.engine_id)
         self.spec = TieringOffloadingSpec(self.cfg)
         self.mgr: Any = self.spec.get_manager()
         self.replicated = bool(self.spec.replicated_layout)

@@ -110,12 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--disk-dir", default=None, help="a directory on the local disk (default: the system temp dir)")
     ap.add_argument("--verify", default="true", choices=["true", "false"])
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell; the best is reported")
+    ap.add_argument("--kvf-o-direct", default="off", choices=["off", "auto"],
+                    help="KVFormatTier's o_direct (default: its default, off)")
     a = ap.parse_args(argv)
     path = "C fast path (vllm.fs_io_C)" if fs_io._HAS_FSIO_C else "pure-Python fallback (vllm.fs_io_C needs CUDA)"
     slot = LAYERS * TOKENS * WIDTH * 2 * a.bpc
     print(f"vLLM built-in fs tier: {path}. Chunks of {a.bpc} DeepSeek-V3 block(s): {LAYERS} layers x {TOKENS} tokens x "
           f"{WIDTH} {DTYPE} = {slot:,} logical bytes; {a.chunks} chunks per run; {a.threads} read + {a.threads} "
-          f"write threads per tier; kvformat verify={a.verify}, compression none; best of {a.repeats} runs.")
+          f"write threads per tier; kvformat verify={a.verify}, compression none, o_direct={a.kvf_o_direct}; "
+          f"best of {a.repeats} runs.")
+    if fs_io.O_DIRECT:
+        print("On media that accept O_DIRECT (not tmpfs) the built-in tier writes and reads with O_DIRECT (its probe); "
+              "kvformat writes buffered and reads as its o_direct says.")
     print("GB/s are logical bytes (one copy of each chunk) per second; disk/block is allocated bytes per block.")
     payloads = [make_payload(f"p{i}", slot) for i in range(a.chunks)]
     media = {"shm": "/dev/shm", "disk": a.disk_dir or tempfile.gettempdir()}
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                                 tier = fs_tier(str(root), n_read_threads=a.threads, n_write_threads=a.threads)
                             else:
                                 tier = kvformat_tier(str(root), read_threads=a.threads, write_threads=a.threads,
-                                                     verify=a.verify == "true")
+                                                     verify=a.verify == "true", o_direct=a.kvf_o_direct)
                             r = run_one(tier, root, tp, replicated, a.bpc, a.chunks, payloads,
                                         ".bin" if name == "fs" else ".kvf")
                         finally:

@@ -67,7 +67,7 @@ class TierConfig:
     compression_level: int = 3
     verify: bool = True
     max_bytes: int | None = None
-    o_direct: str = "auto"
+    o_direct: str = "off"
     fsync: bool = False
     replica_policy: str = "verify"
     model_revision: str | None = None
@@ -98,7 +98,7 @@ class TierConfig:
             compression_level=_int("compression_level", kw.get("compression_level", 3), -7, 22),
             verify=kw.get("verify", True),
             max_bytes=parse_size("max_bytes", kw.get("max_bytes")),
-            o_direct=_choice("o_direct", kw.get("o_direct", "auto"), O_DIRECT_MODES),
+            o_direct=_choice("o_direct", kw.get("o_direct", "off"), O_DIRECT_MODES),
             fsync=kw.get("fsync", False),
             replica_policy=_choice("replica_policy", kw.get("replica_policy", "verify"), REPLICA_POLICIES),
             model_revision=rev,
