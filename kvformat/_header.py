@@ -60,16 +60,16 @@ def encode_header(layout: CanonicalLayout, key: BlockKey, provenance: Provenance
                             "kvf.dxxh3": data_xxh3}
     if codec != "none":
         meta.update({"kvf.level": str(level if level is not None else 0), "kvf.raw_xxh3": raw_xxh3,
-                     "kvf.layers": json.dumps([l.to_list() for l in layout.layers], separators=(",", ":"))})
+                     "kvf.layers": layout._layers_json})
     meta.update(_meta_for(layout, key, provenance))
-    doc: dict[str, Any] = {"__metadata__": meta}
     if codec == "none":
-        bpc = layout.blocks_per_chunk
-        for l, off, n in zip(layout.layers, layout.layer_offsets, layout.chunk_bytes_per_layer):
-            doc[l.name] = {"dtype": l.dtype, "shape": [bpc, *l.shape], "data_offsets": [off, off + n]}
+        tensors = layout._tensor_entries_json  # per-layout constant text (cached)
     else:
-        doc[ZSTD_TENSOR] = {"dtype": "U8", "shape": [data_bytes], "data_offsets": [0, data_bytes]}
-    body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        tensors = json.dumps({ZSTD_TENSOR: {"dtype": "U8", "shape": [data_bytes], "data_offsets": [0, data_bytes]}},
+                             separators=(",", ":"))[1:-1]
+    # Same bytes as json.dumps of {"__metadata__": meta, **tensors} (the vectors pin them).
+    body = ('{"__metadata__":' + json.dumps(meta, separators=(",", ":"), ensure_ascii=False) + "," + tensors
+            + "}").encode()
     total = -(-(LENGTH_BYTES + len(body)) // ALIGNMENT) * ALIGNMENT
     n = total - LENGTH_BYTES
     if n > MAX_HEADER_BYTES:

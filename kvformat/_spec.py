@@ -207,6 +207,20 @@ class CanonicalLayout:
             off += n
         return tuple(out)
 
+    @functools.cached_property
+    def _tensor_entries_json(self) -> str:
+        # The safetensors tensor entries of an uncompressed file (§4.2) as JSON text without the outer
+        # braces: the same for every file of this layout, so a writer builds it once, not per file.
+        bpc = self.blocks_per_chunk
+        doc = {l.name: {"dtype": l.dtype, "shape": [bpc, *l.shape], "data_offsets": [off, off + n]}
+               for l, off, n in zip(self.layers, self.layer_offsets, self.chunk_bytes_per_layer)}
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)[1:-1]
+
+    @functools.cached_property
+    def _layers_json(self) -> str:
+        # kvf.layers of a compressed file (§6), cached for the same reason.
+        return json.dumps([l.to_list() for l in self.layers], separators=(",", ":"))
+
     def identity(self) -> dict[str, Any]:
         """The TP-invariant identity that names the namespace (spec §9). No tp/pp/rank/row layout."""
         return {

@@ -4,7 +4,7 @@ against the limit (raw os.write / os.readv of the same payload bytes into a prea
 (safetensors.torch.save_file / load_file of the same 61 tensors), on /dev/shm and on the local disk.
 
 Method: for each medium, every method writes its own set of FILES files (steady state, not one hot file) and
-then reads them back; each timed pass covers all files of a method; passes of the methods are interleaved
+then reads them back (new files every pass, deleted untimed after it); each timed pass covers all files of a method; passes of the methods are interleaved
 (method order rotates each repetition) and the median pass is reported. GB/s counts payload bytes
 (4,497,408 per file) for every method, so the header and padding count as overhead.
 
@@ -122,7 +122,6 @@ def bench_medium(root: str, files: int, reps: int, cold: bool) -> dict[str, dict
                for n, t in zip(NAMES, flat.split(LAYOUT.chunk_bytes_per_layer))}
     keys = _keys(files)
     dst = memoryview(torch.empty(PAYLOAD, dtype=torch.uint8).numpy())
-    paths = {m: [os.path.join(root, f"{i}", f"{m.split()[0]}-{i}.kvf") for i in range(files)] for m in METHODS}
     for i in range(files):
         os.makedirs(os.path.join(root, f"{i}"), exist_ok=True)
     w: dict[str, list[float]] = {m: [] for m in METHODS}
@@ -133,6 +132,9 @@ def bench_medium(root: str, files: int, reps: int, cold: bool) -> dict[str, dict
         order = order[1:] + order[:1]
         for m in order:
             write, read = METHODS[m]
+            # New files every pass, as a tier stores new blocks (an overwrite would time freeing the old
+            # file's pages too); the previous pass's files are deleted after the reads, untimed.
+            paths = {m: [os.path.join(root, f"{i}", f"{m.split()[0]}-{i}-{rep}.kvf") for i in range(files)]}
             t0 = time.perf_counter()
             for p, k in zip(paths[m], keys):
                 write(p, flat, tensors, k)
@@ -149,9 +151,11 @@ def bench_medium(root: str, files: int, reps: int, cold: bool) -> dict[str, dict
                 for p in paths[m]:
                     read(p, dst)
                 rc[m].append(time.perf_counter() - t3)
-        if rep == 0:  # the kvformat read really produced the payload (not timing a failure)
-            K.read_into(paths["kvformat"][0], dst, expect=LAYOUT)
-            assert bytes(dst[:4096]) == flat.numpy()[:4096].tobytes()
+            if rep == 0 and m == "kvformat":  # the kvformat read really produced the payload
+                K.read_into(paths[m][0], dst, expect=LAYOUT)
+                assert bytes(dst[:4096]) == flat.numpy()[:4096].tobytes()
+            for p in paths[m]:
+                os.unlink(p)
     gbs = lambda ts: files * PAYLOAD / statistics.median(ts) / 1e9  # noqa: E731
     out = {m: {"write": gbs(w[m]), "read": gbs(r[m])} for m in METHODS}
     if cold:
