@@ -213,7 +213,6 @@ class TestLocalStore(StoreTests):
 
 
 class TestMemoryStore(StoreTests):
-    exclusive_create = False  # memory:// checks then sets (no conditional create); last writer's whole file wins
 
     @pytest.fixture
     def store(self) -> Store:
@@ -225,7 +224,7 @@ class TestMemoryStore(StoreTests):
 class TestMemoryTempMoveStore(StoreTests):
     """memory:// forced through temp object + move, the path SFTP/HDFS-like filesystems take."""
 
-    exclusive_create = False
+    exclusive_create = False  # check, then move: of racing writers, the last one's whole file stays
 
     @pytest.fixture
     def store(self) -> Store:

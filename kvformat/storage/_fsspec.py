@@ -48,6 +48,7 @@ _SECRET_OPTION = re.compile(r"key|secret|token|passw|credential|sas|auth|session
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 # Answers that say the request itself is wrong, not that the service hiccupped: never retried.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+_MEMORY_LOCK = threading.Lock()
 _TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
 
 
@@ -369,6 +370,8 @@ class FsspecStore(Store):
         if self.atomic_put:
             if overwrite:
                 await self._afs._pipe_file(path, data)
+            elif self.protocol == "memory":  # one process-wide dict: a lock makes check-and-set exclusive
+                return await asyncio.to_thread(self._memory_create, path, data)
             elif self._conditional_put:
                 try:
                     await self._afs._pipe_file(path, data, mode="create")
@@ -397,6 +400,13 @@ class FsspecStore(Store):
                     await self._afs._rm_file(tmp)
                 except FileNotFoundError:
                     pass
+
+    def _memory_create(self, path: str, data: bytes) -> bool:
+        with _MEMORY_LOCK:
+            if self._fs.exists(path):
+                return False
+            self._fs.pipe_file(path, data)
+            return True
 
     # -- Store interface ----------------------------------------------------------------------------
     def put(self, relpath: str, parts: list[Any], *, overwrite: bool = False, fsync: bool = False) -> bool:
