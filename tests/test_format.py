@@ -91,6 +91,8 @@ def test_header_of_a_deepseek_v3_block_fits_8kib_and_costs_under_0_2_percent():
     assert L.payload_bytes == 61 * 64 * 576 * 2 == 4_497_408
     h, _ = K.encode(_pay(L), L, KEY, provenance=PROV)
     assert len(h) <= 8192 and len(h) % 4096 == 0
+    body = h[8:].rstrip(b" ")
+    assert len(h) == -(-(8 + len(body)) // 4096) * 4096  # W-3.1: the fewest spaces that align the data
     assert len(h) / (len(h) + L.payload_bytes) < 0.002
     hz, _ = K.encode(bytes(L.payload_bytes), L, KEY, provenance=PROV, codec="zstd")
     assert len(hz) <= 8192
