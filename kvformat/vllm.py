@@ -223,7 +223,6 @@ class KVFormatTier(SecondaryTierManager):
         self._load_keys: dict[JobId, list[OffloadKey]] = {}
         self._failed: set[OffloadKey] = set()
         self._reported: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self._reported_q: dict[str, int] = {}
         self._pool = DualPool(self.config.read_threads, self.config.write_threads)
         self._lookups = _Lookups(self, tier_type)
         self._stop = threading.Event()
@@ -394,7 +393,7 @@ class KVFormatTier(SecondaryTierManager):
         self._lookups.flush()
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        values, quarantined = self.engine.counters.snapshot()
+        values, _ = self.engine.counters.snapshot()
         stats = OffloadingConnectorStats()
         for k, v in values.items():
             d = v - self._reported.get(k, 0)

@@ -414,3 +414,21 @@ def test_deployments_the_tier_cannot_store_are_refused(tmp_path, kw, field):
     layout, copies, kind = derive_layout(ok, "rev1")
     assert (copies, kind, layout.revision, layout.layers[0].shape, layout.layers[0].dtype) == (
         2, "per_worker", "rev1", (16, 576), "BF16")
+
+
+def test_url_root_goes_through_the_store_interface(tmp_path):
+    # fsspec's in-process memory filesystem: the tier never opens files itself, so a URL root just works
+    pytest.importorskip("fsspec")
+    import uuid
+
+    root = f"memory://kvft-{uuid.uuid4().hex[:8]}/cache"
+    keys = make_keys(3, "url")
+    with Deployment([kvformat_tier(root, read_threads=2, write_threads=2, storage_options={})], tp=4,
+                    replicated=False, n_layers=N_LAYERS) as w:
+        items = payloads(w, keys)
+        w.store(items)
+        assert w.tier().counters()["files_written"] == 3
+    with Deployment([kvformat_tier(root, read_threads=2, write_threads=2)], tp=2, replicated=True,
+                    n_layers=N_LAYERS) as r:
+        assert r.tier().wait_scanned(10) and r.tier().counters()["files"] == 3
+        assert r.load(keys) == items

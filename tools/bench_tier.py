@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 res: dict[str, dict] = {}
                 for rep in range(a.repeats):  # interleaved; best of the repeats (the machine is shared)
                     for name in ("fs", "kvf"):
+                        os.sync()  # neither contender pays for the other's (or a previous run's) writeback
                         root = Path(tempfile.mkdtemp(prefix=f"bench_{name}_", dir=media[medium]))
                         try:
                             if name == "fs":
