@@ -126,7 +126,7 @@ def test_store_writer_sigkill(tmp_path):
     stats = {"kills": 0, "finished_first": 0, "temp_leftovers": 0, "max_finals_seen": 0, "cleanups": 0,
              "gc_cleanups": 0}
     k = 0
-    while stats["kills"] < KILLS and k < 3 * KILLS:
+    while (stats["kills"] < KILLS or not stats["temp_leftovers"]) and k < 3 * KILLS:
         k += 1
         finals = _walk(root)[0]
         if len(finals) == N_KEYS or k % 10 == 0:  # restart from an empty root when full, and now and then
@@ -225,7 +225,7 @@ def test_compact_sigkill(tmp_path, delete_source):
     rng = random.Random(99 + delete_source)
     stats = {"kills": 0, "finished_first": 0, "temp_leftovers": 0, "sources_deleted": 0, "rounds": 0}
     extra = ["--delete-source"] if delete_source else []
-    while stats["kills"] < n_kills and stats["rounds"] < 3 * n_kills:
+    while (stats["kills"] < n_kills or not stats["temp_leftovers"]) and stats["rounds"] < 3 * n_kills:
         stats["rounds"] += 1
         done = _walk(dst)[0]
         srcs = list(_walk_bins(src))
@@ -358,7 +358,7 @@ def test_tier_writer_sigkill(tmp_path):
         assert expect("exit") == ["0"]
         rng = random.Random(7)
         stats = {"kills": 0, "finished_first": 0, "temp_leftovers": 0, "rounds": 0}
-        while stats["kills"] < kills_wanted and stats["rounds"] < 3 * kills_wanted:
+        while (stats["kills"] < kills_wanted or not stats["temp_leftovers"]) and stats["rounds"] < 3 * kills_wanted:
             stats["rounds"] += 1
             finals = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".kvf")]
             if len(finals) == n or rng.random() < 0.3:
