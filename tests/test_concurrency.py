@@ -15,7 +15,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pytest
