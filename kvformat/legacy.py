@@ -397,9 +397,15 @@ def _canonical_layout(ns: LegacyNamespace, group: int, names: list[str], tpb: in
 
 
 def _addr(buf: memoryview) -> int:
-    import numpy as np
+    try:  # writable buffers (bytearray, copy-on-write maps): no numpy import on the hot path
+        c = ctypes.c_char.from_buffer(buf)
+        addr = ctypes.addressof(c)
+        del c  # drop the export at once; the caller keeps ``buf`` alive
+        return addr
+    except TypeError:
+        import numpy as np
 
-    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+        return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
 
 
 def extract_payload(row: RowLayout, buf: memoryview, *, path: str | None = None) -> memoryview:
