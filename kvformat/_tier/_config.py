@@ -95,7 +95,7 @@ class TierConfig:
             read_threads=_int("read_threads", kw.get("read_threads", 8), 1, 256),
             write_threads=_int("write_threads", kw.get("write_threads", 8), 1, 256),
             compression=compression,
-            compression_level=_int("compression_level", kw.get("compression_level", 3), -7, 22),
+            compression_level=_int("compression_level", kw.get("compression_level", 3), 0, 22),
             verify=kw.get("verify", True),
             max_bytes=parse_size("max_bytes", kw.get("max_bytes")),
             o_direct=_choice("o_direct", kw.get("o_direct", "off"), O_DIRECT_MODES),
