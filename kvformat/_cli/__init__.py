@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="also check data checksums (default for a file; directories check headers only)")
     g.add_argument("--no-verify", dest="verify", action="store_false", help="read headers only")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema in docs/cli.md)")
-    s.add_argument("--jobs", type=int, default=4, help="threads reading headers (default 4)")
+    s.add_argument("--jobs", type=int, default=4, help="threads checking payloads with --verify (default 4)")
     s.add_argument("--page-bytes", type=int, default=None, help="legacy roots: bytes of one block of one layer")
 
     s = sub.add_parser("verify", help="full checksum pass over a file or root")
