@@ -351,7 +351,7 @@ def test_verify_namespace_json_fifo_does_not_hang(tmp_path):
     """A namespace.json that is a FIFO, in a namespace whose only file is corrupt: verify must not block."""
     root, out, _ = _hostile_root(tmp_path, fifo_doc=True)
     out.seal()
-    r = _run(["verify", root, "--json"], timeout=20)
+    r = _run(["verify", root, "--json"], timeout=10)
     out.check()
     assert r.returncode == 1 and len(json.loads(r.stdout)["bad"]) == 2
 
