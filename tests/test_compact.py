@@ -103,8 +103,12 @@ def test_rerun_skips_valid_outputs_and_repairs_bad_ones(tmp_path, capsys):
     assert main(["compact", "-q", t.root, dst]) == 0
     first = _outputs(dst)
     capsys.readouterr()
+    some = next(p for p in first if p.endswith(".kvf"))
+    mtime = os.stat(os.path.join(dst, some)).st_mtime_ns
+    os.utime(os.path.join(dst, some), (1, 1))  # as if killed between the rename and the utime
     rc, rep = _json_run(["compact", t.root, dst], capsys)
     assert rc == 0 and rep["converted"] == 0 and rep["skipped"] == 4 and rep["bytes_read"] == 0
+    assert os.stat(os.path.join(dst, some)).st_mtime_ns == mtime
     victim = next(p for p in first if p.endswith(".kvf"))
     with open(os.path.join(dst, victim), "r+b") as f:  # a damaged header is not "valid": rewritten
         f.seek(40)

@@ -145,6 +145,7 @@ class _Compactor:
             if existing and self._valid_output(t, full=self.delete_source):
                 res.status = "skipped"
                 res.after = self._size(t)
+                self._carry_mtime(f.path, t.rel)  # a run killed between rename and utime left "now"
                 self._maybe_delete(res)
                 return res
             fd = os.open(f.path, os.O_RDONLY | _O_CLOEXEC)
@@ -178,8 +179,7 @@ class _Compactor:
                     except BufferError:  # an error's traceback still holds a view: the map closes when it goes
                         pass
             res.after = n
-            if self._local_root is not None:  # keep the LRU clock: the block was last used when vLLM wrote it
-                os.utime(os.path.join(self._local_root, rel), ns=(st.st_atime_ns, st.st_mtime_ns))
+            self._carry_mtime(f.path, rel, st)
             if self.delete_source:
                 if not self._valid_output(t, full=True):
                     return FileResult("failed", f.path, t.rel, f.size, error="output did not verify after writing; "
@@ -192,6 +192,15 @@ class _Compactor:
             return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
         except FileNotFoundError:
             return FileResult("failed", f.path, t.rel, f.size, error="source vanished", reason="FileNotFoundError")
+
+    def _carry_mtime(self, src: str, rel: str, st: os.stat_result | None = None) -> None:
+        """Give the output its source's mtime: the LRU clock (the block was last used when vLLM wrote it)."""
+        if self._local_root is None:
+            return
+        out = os.path.join(self._local_root, rel)
+        st = st or os.stat(src)
+        if os.stat(out).st_mtime_ns != st.st_mtime_ns:
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
 
     def _size(self, t: _Task) -> int:
         try:
