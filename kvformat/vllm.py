@@ -363,7 +363,9 @@ class KVFormatTier(SecondaryTierManager):
             outcomes, self._store_outcomes = self._store_outcomes, []
         for results in outcomes:
             for k, r in results:
-                if r == WRITTEN:
+                # EXISTS counts too: after a transient failure (storage briefly unreachable) the re-store
+                # finds the file still there, and the key must become loadable again.
+                if r in (WRITTEN, EXISTS):
                     self._failed.discard(k)
         for res in done:
             keys = self._load_keys.pop(res.job_id, None)

@@ -165,6 +165,25 @@ def test_corrupted_file_misses_others_load_no_livelock(tmp_path, damage):
         assert dep.load([keys[1]]) == {keys[1]: items[keys[1]]}
 
 
+def test_transient_failure_then_restore_of_existing_file_hits_again(tmp_path):
+    """A load that failed for a passing reason must not keep the key a MISS once it is stored again,
+    even when that store finds the (valid) file already there."""
+    with Deployment([kvf(tmp_path)], n_layers=N_LAYERS, num_chunks=8) as dep:
+        keys = make_keys(2, "transient")
+        items = payloads(dep, keys)
+        dep.store(items)
+        f = _file_of(tmp_path, keys[0])
+        aside = tmp_path / "aside.kvf"
+        f.rename(aside)  # the storage is briefly unreachable for this file
+        dep.evict_primary()
+        got = dep.load(keys, timeout=20)
+        assert got[keys[0]] is None and got[keys[1]] == items[keys[1]]
+        aside.rename(f)  # it is back, unchanged
+        dep.store({keys[0]: items[keys[0]]})  # finds the file present: EXISTS, nothing rewritten
+        dep.evict_primary()
+        assert dep.load([keys[0]], timeout=20) == {keys[0]: items[keys[0]]}
+
+
 def test_corrupt_file_is_a_miss_across_restart(tmp_path):
     with Deployment([kvf(tmp_path)], n_layers=N_LAYERS) as dep:
         keys = make_keys(3, "bad-restart")
