@@ -11,4 +11,5 @@ pip install -q torch==2.13.0 numpy
 pip install -q -e '.[test,s3]'
 pip install -q --no-deps vllm==0.33.0 xgrammar==0.2.8
 pip install -q -r requirements/vllm-cpu.txt
-python -c "import kvformat, torch; print('kvformat', kvformat.__version__, 'torch', torch.__version__)"
+# The integration tests import these; fail the setup here rather than let them skip.
+python -c "import kvformat, torch, vllm.v1.kv_offload.tiering.spec, s3fs, moto; print('kvformat', kvformat.__version__, 'torch', torch.__version__)"
