@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 from ._header import xxh3_hex
-from ._io import write_atomic
+from ._io import UnsafeFileError, is_regular_file, read_small_file, write_atomic
 from ._spec import DTYPE_SIZES, BlockKey, CanonicalLayout, LayerSpec, Provenance, st_dtype_for
 from .errors import LegacyLayoutError, ReplicaMismatchError
 
@@ -204,8 +204,12 @@ def is_legacy_root(root: str) -> bool:
     return bool(find_namespaces(root, _probe=True))
 
 
-def find_namespaces(root: str, *, _probe: bool = False) -> list[LegacyNamespace]:
+def find_namespaces(root: str, *, ignored: list[Ignored] | None = None, _probe: bool = False,
+                    ) -> list[LegacyNamespace]:
     """Every legacy namespace directly under ``root`` (sorted by directory name).
+
+    A config.json that is a symlink, a FIFO, a device node or over 1 MiB is never opened or read:
+    its namespace is skipped and, when ``ignored`` is given, recorded there.
 
     Raises LegacyLayoutError for a config.json that is not valid JSON or lacks the fields vLLM writes.
     """
@@ -223,13 +227,20 @@ def find_namespaces(root: str, *, _probe: bool = False) -> list[LegacyNamespace]
         if not _BASE_RE.match(n):
             continue
         cfg_path = os.path.join(root, n, CONFIG_FILE)
-        if not os.path.isfile(cfg_path):
+        if not os.path.lexists(cfg_path):
             continue
         if _probe:
-            return [LegacyNamespace(root, n, {}, (), False)]
+            if is_regular_file(cfg_path):
+                return [LegacyNamespace(root, n, {}, (), False)]
+            continue
         try:
-            with open(cfg_path, "rb") as f:
-                cfg = json.loads(f.read())
+            cfg = json.loads(read_small_file(cfg_path))
+        except UnsafeFileError as e:
+            if ignored is not None:
+                ignored.append(Ignored(cfg_path, f"config.json is {e.strerror}: namespace skipped"))
+            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise LegacyLayoutError(f"config.json is not valid JSON: {e}", path=cfg_path) from None
         if not isinstance(cfg, dict) or "model_name" not in cfg or "kv_cache_groups" not in cfg:

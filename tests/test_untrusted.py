@@ -340,38 +340,38 @@ def test_fifo_and_device_given_directly(tmp_path):
             assert p.encode() in r.stderr and b"Traceback" not in r.stderr
 
 
-# -- hazards the CLI does not handle yet (reported in issue 7; strict: they fail loudly once fixed) ----------
+# -- namespace.json / config.json planted as a FIFO or a symlink outside: reported, never opened ----------
 
-CLI_BUG = "CLI reads namespace.json/config.json through symlinks and opens FIFOs (kvformat/_cli/_inspect.py " \
-          "_layout_from_doc, kvformat/legacy.py find_namespaces): see the issue 7 report"
-
-
-@pytest.mark.xfail(strict=True, reason=CLI_BUG, raises=(subprocess.TimeoutExpired, AssertionError))
 def test_verify_namespace_json_fifo_does_not_hang(tmp_path):
     """A namespace.json that is a FIFO, in a namespace whose only file is corrupt: verify must not block."""
     root, out, _ = _hostile_root(tmp_path, fifo_doc=True)
     out.seal()
     r = _run(["verify", root, "--json"], timeout=10)
     out.check()
-    assert r.returncode == 1 and len(json.loads(r.stdout)["bad"]) == 2
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and len(rep["bad"]) == 2
+    assert [i["why"] for i in rep["ignored"]] == ["namespace.json is not a regular file: not read"], rep["ignored"]
 
 
-@pytest.mark.xfail(strict=True, reason=CLI_BUG, raises=AssertionError)
 def test_verify_namespace_json_symlink_outside_is_not_read(tmp_path):
     root, out, _ = _hostile_root(tmp_path, link_doc=True)
     out.seal()
     r = _run(["verify", root, "--json"], timeout=60)
     out.check()
     assert r.returncode == 1
+    assert [i["why"] for i in json.loads(r.stdout)["ignored"]] == ["namespace.json is a symlink (not followed): not read"]
 
 
-@pytest.mark.xfail(strict=True, reason=CLI_BUG, raises=AssertionError)
 def test_compact_config_json_symlink_outside_is_not_read(tmp_path):
     src, out, pays = _legacy(tmp_path, link_cfg=True)
     out.seal()
     r = _run(["compact", src, str(tmp_path / "dst"), "--json", "-q"], timeout=60)
     out.check()
     assert r.returncode in (0, 1)
+    why = {os.path.basename(os.path.dirname(i["path"])): i["why"] for i in json.loads(r.stdout)["ignored_paths"]
+           if i["path"].endswith("config.json")}
+    assert why == {"other_model_000000000002": "config.json is a symlink (not followed): namespace skipped",
+                   "other_model_000000000003": "config.json is not a regular file: namespace skipped"}, why
 
 
 # -- FIFOs where a reader expects a block file --------------------------------------------------------

@@ -127,11 +127,12 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from ._inspect import (
         find_store_root, inspect_file, inspect_legacy, inspect_legacy_file, legacy_file_namespace, scan_root,
     )
-    from ..legacy import is_legacy_root
+    from ..legacy import Ignored, is_legacy_root
     from ..storage import LocalStore
 
     path = a.path
     bad: list[dict[str, Any]] = []
+    ignored: list[dict[str, str]] = []
     checked = 0
     if os.path.isfile(path) and path.endswith(".bin") and legacy_file_namespace(path) is not None:
         if a.quarantine:
@@ -153,6 +154,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     elif os.path.isdir(path) and is_legacy_root(path):
         d = inspect_legacy(path, verify=True, page_bytes=a.page_bytes)
         checked = d["totals"]["files"]
+        ignored = d["ignored"]
         for n in d["namespaces"]:
             bad += n["bad_files"]
             if n["legacy"]["error"]:
@@ -163,7 +165,9 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     elif os.path.isdir(path):
         root, prefix = find_store_root(path)
         scan_dir = path if not prefix else os.path.join(root, prefix)
-        accs, errs = scan_root(scan_dir, verify=True, jobs=a.jobs)
+        skipped: list[Ignored] = []
+        accs, errs = scan_root(scan_dir, verify=True, jobs=a.jobs, ignored=skipped)
+        ignored = [{"path": i.path, "why": i.why} for i in skipped]
         checked = sum(x.files for x in accs)
         rel_base = os.path.relpath(scan_dir, root).replace(os.sep, "/")
         targets = []
@@ -180,7 +184,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
             if new:
                 quarantined.append(os.path.join(root, new))
     out = {"command": "verify", "path": path, "checked": checked, "bad": bad, "quarantined": quarantined,
-           "exit_code": 1 if bad else 0}
+           "ignored": ignored, "exit_code": 1 if bad else 0}
     if a.json:
         _emit(out)
     else:
@@ -188,6 +192,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
             print(f"BAD {b['path']}: {b['reason']}: {b['message']}")
         for q in quarantined:
             print(f"quarantined -> {q}")
+        for i in ignored:
+            print(f"ignored {i['path']}: {i['why']}")
         print(f"checked {checked} files: {len(bad)} bad" + (f", {len(quarantined)} quarantined" if a.quarantine else ""))
     return out["exit_code"]
 

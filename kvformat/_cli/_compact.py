@@ -322,10 +322,12 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
     """
     t0 = time.monotonic()
     stream = stream or sys.stderr
-    namespaces = find_namespaces(src)
+    skipped: list[Ignored] = []
+    namespaces = find_namespaces(src, ignored=skipped)
     if not namespaces:
         raise LegacyLayoutError(f"{src} is not a vLLM fs-tier root: no <model>_<digest>/config.json under it")
     rep = CompactReport(src=src, dst=dst, dry_run=dry_run, jobs=jobs)
+    rep.ignored.extend(skipped)
     tasks: list[_Task] = []
     for ns in namespaces:
         files = list(iter_legacy_files(ns, rep.ignored, src))

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .._io import TMP_PREFIX, read_header, read_into
+from .._io import TMP_PREFIX, UnsafeFileError, is_regular_file, read_header, read_into, read_small_file
 from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
 from ..legacy import Ignored, LegacyFile, extract_payload, find_namespaces, infer_row, iter_legacy_files
@@ -147,8 +147,12 @@ def _check_entry(root: str, e: StoreEntry, verify: bool) -> tuple[StoreEntry, Bl
         return e, None, None
 
 
-def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
+def scan_root(root: str, *, verify: bool = False, jobs: int = 4, ignored: list[Ignored] | None = None,
+              ) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
     """Read every header under a kvformat root (and every payload with ``verify``).
+
+    A namespace.json that is a symlink, a FIFO or another non-regular file is not read; it is
+    recorded in ``ignored`` when given.
 
     Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
     verification reads and hashes in threads (I/O and xxh3 release the GIL).
@@ -158,7 +162,7 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_
     bad: list[tuple[str, KVFormatError]] = []
     entries = _walk(root)
     # A namespace directory itself (it holds namespace.json): every file belongs to it.
-    single = os.path.basename(root) if os.path.isfile(os.path.join(root, NAMESPACE_FILE)) else None
+    single = os.path.basename(root) if is_regular_file(os.path.join(root, NAMESPACE_FILE)) else None
     results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | None]]
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
@@ -193,26 +197,33 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4) -> tuple[list[_
         accs.setdefault(single, _NsAcc(single))
         acc = accs[single]
         if acc.layout is None:
-            acc.layout = _layout_from_doc(os.path.dirname(root), single)
+            acc.layout = _layout_from_doc(os.path.dirname(root), single, ignored)
         return [acc], bad
     try:  # empty namespaces still show up
         for d in os.scandir(root):
-            if d.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(d.path, NAMESPACE_FILE)):
+            if d.is_dir(follow_symlinks=False) and is_regular_file(os.path.join(d.path, NAMESPACE_FILE)):
                 accs.setdefault(d.name, _NsAcc(d.name))
     except FileNotFoundError:
         pass
     for acc in accs.values():
         if acc.layout is None:
-            acc.layout = _layout_from_doc(root, acc.namespace)
+            acc.layout = _layout_from_doc(root, acc.namespace, ignored)
     return [accs[k] for k in sorted(accs)], bad
 
 
-def _layout_from_doc(root: str, ns: str) -> CanonicalLayout | None:
+def _layout_from_doc(root: str, ns: str, ignored: list[Ignored] | None = None) -> CanonicalLayout | None:
     import json
 
+    path = os.path.join(root, ns, NAMESPACE_FILE)
     try:
-        with open(os.path.join(root, ns, NAMESPACE_FILE), "rb") as f:
-            doc = json.loads(f.read())
+        doc = json.loads(read_small_file(path))
+    except UnsafeFileError as e:
+        if ignored is not None:
+            ignored.append(Ignored(path, f"namespace.json is {e.strerror}: not read"))
+        return None
+    except (OSError, ValueError):
+        return None
+    try:
         ident = doc["identity"]
         return CanonicalLayout.from_dict({**ident, "layers": [x[:3] for x in ident["layers"]]})
     except (OSError, ValueError, KeyError, TypeError):
@@ -220,10 +231,11 @@ def _layout_from_doc(root: str, ns: str) -> CanonicalLayout | None:
 
 
 def inspect_root(root: str, *, verify: bool = False, jobs: int = 4) -> dict[str, Any]:
-    accs, _bad = scan_root(root, verify=verify, jobs=jobs)
+    ignored: list[Ignored] = []
+    accs, _bad = scan_root(root, verify=verify, jobs=jobs, ignored=ignored)
     nss = [a.to_dict() for a in accs]
     return {"kind": "kvformat_root", "path": root, "verified_data": verify, "namespaces": nss,
-            "totals": _totals(nss)}
+            "totals": _totals(nss), "ignored": [{"path": i.path, "why": i.why} for i in ignored]}
 
 
 def _totals(nss: list[dict[str, Any]]) -> dict[str, Any]:
@@ -236,7 +248,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
     """Per legacy namespace and group: what compacting it would give. ``verify`` checks replicas."""
     nss = []
     ignored: list[Ignored] = []
-    for ns in find_namespaces(root):
+    for ns in find_namespaces(root, ignored=ignored):
         files = list(iter_legacy_files(ns, ignored, root))
         groups: dict[int, list[LegacyFile]] = {}
         for f in files:
@@ -335,8 +347,8 @@ def render_root(d: dict[str, Any]) -> str:
                           + f" -> {lg['compacted_namespace']}"))
         lines.append(table(["legacy namespace", "row", "slots", "page B", "pad B", "compacted", "note"], lrows,
                            right=(2, 3, 4, 5)))
-        if d.get("ignored"):
-            lines.append(f"ignored {len(d['ignored'])} paths (see --json)")
+    if d.get("ignored"):
+        lines.append(f"ignored {len(d['ignored'])} paths (see --json)")
     for n in d["namespaces"]:
         for b in n["bad_files"][:20]:
             lines.append(f"BAD {b['path']}: {b['reason']}: {b['message']}")
@@ -350,7 +362,7 @@ def find_store_root(path: str) -> tuple[str, str]:
     d = p if os.path.isdir(p) else os.path.dirname(p)
     probe = d
     while True:
-        if os.path.isfile(os.path.join(probe, NAMESPACE_FILE)):
+        if is_regular_file(os.path.join(probe, NAMESPACE_FILE)):
             root = os.path.dirname(probe)
             return root, os.path.relpath(p, root).replace(os.sep, "/")
         parent = os.path.dirname(probe)
