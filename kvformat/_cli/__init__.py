@@ -92,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"kvformat {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # a URL whose fsspec backend is not installed
+        print(f"kvformat {args.cmd}: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"kvformat {args.cmd}: interrupted", file=sys.stderr)
         return 130
@@ -102,6 +105,17 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     from ..legacy import is_legacy_root
 
     path = a.path
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if "://" in path:
+        from ._remote import inspect_url
+
+        d = inspect_url(path, verify=a.verify)
+        if d["kind"] == "file":
+            _emit(d) if a.json else print(render_file(d))
+            return 1 if d["error"] else 0
+        _emit(d) if a.json else print(render_root(d))
+        return 1 if d["totals"]["corrupt"] else 0
     if os.path.isfile(path):
         from ._inspect import inspect_legacy_file, legacy_file_namespace, render_legacy_file
 
@@ -131,10 +145,18 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from ..storage import LocalStore
 
     path = a.path
+    if path.startswith("file://"):
+        path = path[len("file://"):]
     bad: list[dict[str, Any]] = []
     ignored: list[dict[str, str]] = []
     checked = 0
-    if os.path.isfile(path) and path.endswith(".bin") and legacy_file_namespace(path) is not None:
+    quarantined: list[str] = []
+    targets: list[tuple[str, str]] = []
+    if "://" in path:
+        from ._remote import verify_url
+
+        checked, bad, quarantined = verify_url(path, quarantine=a.quarantine)
+    elif os.path.isfile(path) and path.endswith(".bin") and legacy_file_namespace(path) is not None:
         if a.quarantine:
             raise UsageError("--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by")
         d = inspect_legacy_file(*legacy_file_namespace(path), verify=True, page_bytes=a.page_bytes)  # type: ignore[misc]
@@ -177,8 +199,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
             targets.append((root, full_rel))
     else:
         raise UsageError(f"{path}: no such file or directory")
-    quarantined = []
-    if a.quarantine:
+    if a.quarantine and targets:
         for (root, rel), b in zip(targets, bad):
             new = LocalStore(root).quarantine(rel, b["reason"])
             if new:

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .._io import TMP_PREFIX, UnsafeFileError, is_regular_file, read_header, read_into, read_small_file
 from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
@@ -20,10 +20,17 @@ from ._util import human, iso, table
 # -- one file ------------------------------------------------------------------------------------------
 def inspect_file(path: str, *, verify: bool = True) -> dict[str, Any]:
     """Header, layout table and checksum status of one kvformat file (the ``--json`` "file" object)."""
+    return file_view(path, lambda: read_header(path, verify=True),
+                     lambda hdr: read_into(path, bytearray(hdr.raw_bytes), verify=True), verify=verify)
+
+
+def file_view(path: str, read_hdr: Callable[[], BlockHeader], read_data: Callable[[BlockHeader], Any], *,
+              verify: bool = True) -> dict[str, Any]:
+    """The "file" object of ``path`` from a header reader and a payload reader (local file or remote object)."""
     out: dict[str, Any] = {"kind": "file", "path": path, "header": None, "layers": [],
                            "checksum": {"header": "unknown", "data": "skipped"}, "error": None}
     try:
-        hdr = read_header(path, verify=True)
+        hdr = read_hdr()
     except KVFormatError as e:
         out["checksum"]["header"] = "bad"
         out["error"] = {"reason": e.reason, "message": e.message}
@@ -36,7 +43,7 @@ def inspect_file(path: str, *, verify: bool = True) -> dict[str, Any]:
         out["layers"].append({"name": l.name, "dtype": l.dtype, "shape": [bpc, *l.shape], "offset": off, "bytes": n})
     if verify:
         try:
-            read_into(path, bytearray(hdr.raw_bytes), verify=True)
+            read_data(hdr)
             out["checksum"]["data"] = "ok"
         except KVFormatError as e:
             out["checksum"]["data"] = "bad"

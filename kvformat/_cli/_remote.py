@@ -1,0 +1,217 @@
+"""``inspect`` and ``verify`` on remote roots (``s3://…``, ``memory://…``, any fsspec URL).
+
+Everything goes through the store's batched calls (``list``, ``read_headers_many``, ``read_many_into``,
+``quarantine``), so a root of many objects costs a few concurrent rounds, not one request at a time.
+Legacy vLLM trees are local only (vLLM's fs tier writes to a file system).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator, Sequence
+
+from .._spec import FILE_SUFFIX, NAMESPACE_FILE, BlockHeader, CanonicalLayout
+from ..errors import KVFormatError
+from ..storage import Store, StoreEntry, open_store
+from ._inspect import _NsAcc, _totals, file_view
+from ._util import UsageError
+
+# Objects per header round, and payload bytes held in memory per verify round.
+_BATCH = 256
+_VERIFY_BATCH_BYTES = 256 << 20
+_BLOCK_TAIL = re.compile(r"^[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]+" + re.escape(FILE_SUFFIX) + "$")
+
+
+def is_url(path: str) -> bool:
+    """A remote root or object (``file://`` is handled as a local path)."""
+    return "://" in path and not path.startswith("file://")
+
+
+def _parent(url: str) -> tuple[str, str] | None:
+    """(parent URL, last component) when the URL has a path below its bucket/host."""
+    scheme, rest = url.split("://", 1)
+    if "/" not in rest.strip("/"):
+        return None
+    head, last = rest.rstrip("/").rsplit("/", 1)
+    return f"{scheme}://{head}", last
+
+
+def _open_file(url: str) -> tuple[Store, str]:
+    """(store at the kvformat root, relpath) for an object URL: ``<root>/<namespace>/<hh>/<hh>/<hash>.kvf``
+    gives the root (so ``--quarantine`` moves it to ``<root>/.quarantine/``), anything else its parent."""
+    scheme, rest = url.split("://", 1)
+    parts = rest.split("/")
+    if len(parts) >= 5 and _BLOCK_TAIL.match("/".join(parts[-3:])):
+        return open_store(f"{scheme}://{'/'.join(parts[:-4])}"), "/".join(parts[-4:])
+    par = _parent(url)
+    if par is None:
+        raise UsageError(f"{url}: not an object path")
+    return open_store(par[0]), par[1]
+
+
+def _open_dir(url: str) -> tuple[Store, str]:
+    """(store at the kvformat root, namespace prefix or "") for a root or a namespace URL."""
+    url = url.rstrip("/")
+    st = open_store(url)
+    par = _parent(url)
+    if par is not None and st.exists(NAMESPACE_FILE):  # a namespace itself: its root is one level up
+        return open_store(par[0]), par[1]
+    return st, ""
+
+
+def _layout_from_doc(raw: bytes) -> CanonicalLayout | None:
+    try:
+        ident = json.loads(raw)["identity"]
+        return CanonicalLayout.from_dict({**ident, "layers": [x[:3] for x in ident["layers"]]})
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _chunks(entries: Sequence[StoreEntry], n: int) -> Iterator[Sequence[StoreEntry]]:
+    for i in range(0, len(entries), n):
+        yield entries[i:i + n]
+
+
+def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]:
+    many = getattr(store, "read_headers_many", None)
+    if many is not None:
+        return many(rels, verify=True)
+    out: list[BlockHeader | BaseException] = []
+    for r in rels:
+        try:
+            out.append(store.read_header(r, verify=True))
+        except (KVFormatError, OSError) as e:
+            out.append(e)
+    return out
+
+
+def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
+    many = getattr(store, "read_many_into", None)
+    if many is not None:
+        return many(items, verify=True)
+    out: list[BlockHeader | BaseException] = []
+    for r, buf, _ in items:
+        try:
+            out.append(store.read_into(r, buf, verify=True))
+        except (KVFormatError, OSError) as e:
+            out.append(e)
+    return out
+
+
+def scan_store(store: Store, prefix: str = "", *, verify: bool = False
+               ) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
+    """Every header under ``prefix`` (every payload too with ``verify``), per namespace.
+
+    Objects removed since the listing are skipped; a transport failure (server down, timeout) raises
+    its OSError (exit 2), since a partial pass must not read as "all good".
+    """
+    accs: dict[str, _NsAcc] = {}
+    bad: list[tuple[str, KVFormatError]] = []
+    entries = list(store.list(prefix))
+
+    def ok(e: StoreEntry, h: BlockHeader) -> None:
+        acc = _acc(e)
+        if acc.layout is None:
+            acc.layout = h.layout
+        acc.tps[h.provenance.tp] += 1
+        acc.raw += h.raw_bytes
+        acc.data += h.data_bytes
+
+    def fail(e: StoreEntry, err: KVFormatError) -> None:
+        acc = _acc(e)
+        acc.corrupt += 1
+        acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
+        bad.append((e.relpath, err))
+
+    def _acc(e: StoreEntry) -> _NsAcc:
+        ns = e.relpath.split("/", 1)[0]
+        acc = accs.get(ns) or accs.setdefault(ns, _NsAcc(ns))
+        acc.files += 1
+        acc.bytes += e.size
+        acc.add_time(e.mtime)
+        return acc
+
+    def sort(e: StoreEntry, r: Any) -> bool:
+        """True when ``r`` is a header; records a bad file; raises a transport error."""
+        if isinstance(r, FileNotFoundError):
+            return False  # removed since the listing (gc, a tier quarantining it)
+        if isinstance(r, KVFormatError):
+            fail(e, r)
+            return False
+        if isinstance(r, BaseException):
+            raise r
+        return True
+
+    for chunk in _chunks(entries, _BATCH):
+        good = [(e, h) for e, h in zip(chunk, _headers(store, [e.relpath for e in chunk])) if sort(e, h)]
+        if not verify:
+            for e, h in good:
+                ok(e, h)  # type: ignore[arg-type]
+            continue
+        while good:  # payload rounds bounded in bytes held at once
+            take, held = 0, 0
+            while take < len(good) and (take == 0 or held + good[take][1].raw_bytes <= _VERIFY_BATCH_BYTES):
+                held += good[take][1].raw_bytes  # type: ignore[union-attr]
+                take += 1
+            part, good = good[:take], good[take:]
+            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part])  # type: ignore[union-attr]
+            for (e, _), r in zip(part, res):
+                if sort(e, r):
+                    ok(e, r)
+    if prefix:
+        accs.setdefault(prefix, _NsAcc(prefix))
+    else:  # empty namespaces still show up
+        for ns in getattr(store, "_namespace_dirs", lambda: [])():
+            accs.setdefault(ns, _NsAcc(ns))
+    for acc in accs.values():
+        if acc.layout is None:
+            try:
+                acc.layout = _layout_from_doc(store.read_bytes(f"{acc.namespace}/{NAMESPACE_FILE}"))
+            except (FileNotFoundError, ValueError):
+                pass
+    return [accs[k] for k in sorted(accs)], bad
+
+
+def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
+    """The ``inspect`` object of a remote object (file view) or a remote root / namespace (per-namespace table).
+
+    ``verify`` None: data checked for one object, headers only for a root.
+    """
+    if url.rstrip("/").endswith(FILE_SUFFIX):
+        store, rel = _open_file(url)
+        return file_view(f"{store.root}/{rel}", lambda: store.read_header(rel, verify=True),
+                         lambda h: store.read_into(rel, bytearray(h.raw_bytes), verify=True),
+                         verify=verify is not False)
+    store, prefix = _open_dir(url)
+    accs, _ = scan_store(store, prefix, verify=bool(verify))
+    nss = [a.to_dict() for a in accs]
+    where = f"{store.root}/{prefix}" if prefix else store.root  # the URL without credentials
+    return {"kind": "kvformat_root", "path": where, "verified_data": bool(verify), "namespaces": nss,
+            "totals": _totals(nss), "ignored": []}
+
+
+def verify_url(url: str, *, quarantine: bool = False) -> tuple[int, list[dict[str, str]], list[str]]:
+    """A full checksum pass over a remote object, namespace or root: (checked, bad, quarantined)."""
+    bad: list[dict[str, str]] = []
+    if url.rstrip("/").endswith(FILE_SUFFIX):
+        store, rel = _open_file(url)
+        try:
+            h = store.read_header(rel, verify=True)
+            store.read_into(rel, bytearray(h.raw_bytes), verify=True)
+            errs: list[tuple[str, KVFormatError]] = []
+        except KVFormatError as e:
+            errs = [(rel, e)]
+        checked = 1
+    else:
+        store, prefix = _open_dir(url)
+        accs, errs = scan_store(store, prefix, verify=True)
+        checked = sum(a.files for a in accs)
+    quarantined: list[str] = []
+    for rel, e in errs:
+        bad.append({"path": f"{store.root}/{rel}", "reason": e.reason, "message": e.message})
+        if quarantine:
+            new = store.quarantine(rel, e.reason)
+            if new:
+                quarantined.append(f"{store.root}/{new}")
+    return checked, bad, quarantined
