@@ -180,9 +180,12 @@ def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
     """
     if url.rstrip("/").endswith(FILE_SUFFIX):
         store, rel = _open_file(url)
-        return file_view(f"{store.root}/{rel}", lambda: store.read_header(rel, verify=True),
-                         lambda h: store.read_into(rel, bytearray(h.raw_bytes), verify=True),
-                         verify=verify is not False)
+        try:
+            return file_view(f"{store.root}/{rel}", lambda: store.read_header(rel, verify=True),
+                             lambda h: store.read_into(rel, bytearray(h.raw_bytes), verify=True),
+                             verify=verify is not False)
+        except FileNotFoundError:
+            raise UsageError(f"{store.root}/{rel}: no such object") from None
     store, prefix = _open_dir(url)
     accs, _ = scan_store(store, prefix, verify=bool(verify))
     nss = [a.to_dict() for a in accs]
@@ -202,6 +205,8 @@ def verify_url(url: str, *, quarantine: bool = False) -> tuple[int, list[dict[st
             errs: list[tuple[str, KVFormatError]] = []
         except KVFormatError as e:
             errs = [(rel, e)]
+        except FileNotFoundError:
+            raise UsageError(f"{store.root}/{rel}: no such object") from None
         checked = 1
     else:
         store, prefix = _open_dir(url)
