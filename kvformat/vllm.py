@@ -143,7 +143,7 @@ class _Lookups(AsyncLookupManager):
         super().__init__(tier_type=tier_type)
 
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-        return [self._tier._probe(k) for k in keys]
+        return self._tier._probe_many(keys)
 
 
 class KVFormatTier(SecondaryTierManager):
@@ -239,9 +239,11 @@ class KVFormatTier(SecondaryTierManager):
             return None
         return get_offload_block_hash(key).hex()
 
-    def _probe(self, key: OffloadKey) -> bool:
-        h = self._hash(key)
-        return h is not None and self.engine.probe(h)
+    def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
+        hs = [self._hash(k) for k in keys]
+        valid = [h for h in hs if h is not None]
+        found = iter(self.engine.probe_many(valid)) if valid else iter(())
+        return [h is not None and next(found) for h in hs]
 
     def _on_removed(self, relpaths: list[str]) -> None:
         if self.events is None:

@@ -179,15 +179,27 @@ class RowEngine:
     def _check_existing(self, rel: str, key: BlockKey) -> int | None:
         """Size of a valid existing file; None after quarantining an invalid one (or if it vanished)."""
         try:
-            hdr = self.store.read_header(rel, verify=True)
+            hdr: Any = self.store.read_header(rel, verify=True)
+        except (FileNotFoundError, KVFormatError) as e:
+            hdr = e
+        return self._accept_header(rel, key, hdr)
+
+    def _accept_header(self, rel: str, key: BlockKey, hdr: Any) -> int | None:
+        """Size of the file whose header (or read error) is ``hdr`` if it is valid for ``key``; else None,
+        quarantining a file that is there but wrong. Other OS errors propagate (the caller decides)."""
+        from .._header import check_layout
+
+        if isinstance(hdr, FileNotFoundError):
+            return None
+        if isinstance(hdr, BaseException) and not isinstance(hdr, KVFormatError):
+            raise hdr
+        try:
+            if isinstance(hdr, KVFormatError):
+                raise hdr
             if hdr.key != key:
                 raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
-            from .._header import check_layout
-
             check_layout(hdr.layout, self.layout)
-            return hdr.file_bytes
-        except FileNotFoundError:
-            return None
+            return int(hdr.file_bytes)
         except KVFormatError as e:
             self.quarantine(rel, e.with_path(rel))
             return None
@@ -236,6 +248,27 @@ class RowEngine:
             self.index.unpin(rel)
 
     # -- lookup of a file the index does not know (written by another instance) ------------------
+    def probe_many(self, hs: list[str]) -> list[bool]:
+        """:meth:`probe` for many blocks with one batched header read (one round trip on remote roots).
+
+        A block whose header cannot be read now (storage unreachable) is reported absent: a miss, never a
+        false hit.
+        """
+        rels = [self.relpath(h) for h in hs]
+        todo = [i for i, r in enumerate(rels) if r not in self.index]
+        if todo:
+            got = self.store.read_headers_many([rels[i] for i in todo], verify=True)
+            for i, hdr in zip(todo, got):
+                try:
+                    size = self._accept_header(rels[i], BlockKey(hs[i], self.layout.group), hdr)
+                except OSError as e:
+                    self.warn_once(f"probe:{type(e).__name__}", "kvformat tier: lookup failed: %s", e)
+                    size = None
+                if size is not None:
+                    self.index.add(rels[i], size)
+            self.delete_victims(self.index.victims())
+        return [r in self.index for r in rels]
+
     def probe(self, h: str) -> bool:
         """Whether a valid block ``h`` is stored (header checked); indexes it when found."""
         rel = self.relpath(h)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from .._format import encode
+from ..errors import KVFormatError
 from .._spec import (
     FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout, Provenance,
     block_relpath, namespace_doc,
@@ -76,6 +77,16 @@ class Store(abc.ABC):
     # -- batched forms (remote backends override with concurrent versions) ----------------------
     def exists_many(self, relpaths: Iterable[str]) -> list[bool]:
         return [self.exists(p) for p in relpaths]
+
+    def read_headers_many(self, relpaths: Iterable[str], *, verify: bool = True) -> list[BlockHeader | BaseException]:
+        """Headers of many files; per item the header or the error (KVFormatError or OSError) it raised."""
+        out: list[BlockHeader | BaseException] = []
+        for p in relpaths:
+            try:
+                out.append(self.read_header(p, verify=verify))
+            except (OSError, KVFormatError) as e:
+                out.append(e)
+        return out
 
     # -- shared work ------------------------------------------------------------------------------
     def put_block(self, payload: Any, layout: CanonicalLayout, key: BlockKey, *,
