@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import secrets
+import socket
 import stat
 import time
 from typing import Any, Iterator, Mapping
@@ -38,7 +40,7 @@ def write_atomic(path: str, parts: list[Any], *, fsync: bool = False, overwrite:
     """
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = os.path.join(d, temp_name())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         views = [memoryview(p).cast("B") if not isinstance(p, (bytes, bytearray)) else p for p in parts]
@@ -76,6 +78,32 @@ def write_atomic(path: str, parts: list[Any], *, fsync: bool = False, overwrite:
         _unlink_quiet(tmp)
         raise
     return True
+
+
+_HOST_TAG = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def temp_name() -> str:
+    """``.kvf-tmp-<pid>-<random>-<host tag>``: enough to tell, later, whether its writer is gone."""
+    return f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{_HOST_TAG}"
+
+
+def temp_writer_gone(name: str) -> bool:
+    """Whether the process that wrote temp file ``name`` certainly no longer runs.
+
+    Only decidable for writers of this host (the host tag matches, or an untagged name): a pid of
+    another host says nothing here, so such files are left to the age rule.
+    """
+    parts = name[len(TMP_PREFIX):].split("-")
+    if not parts[0].isdigit() or (len(parts) >= 3 and parts[2] != _HOST_TAG):
+        return False
+    try:
+        os.kill(int(parts[0]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # runs, as another user
+        return False
+    return False
 
 
 def _advance(views: list[Any], n: int) -> list[Any]:

@@ -22,7 +22,6 @@ from typing import Any, Iterable, TextIO
 
 from .. import __version__
 from .._header import encode_header
-from .._io import TMP_PREFIX
 from .._spec import block_relpath
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
 from ..legacy import (
@@ -270,37 +269,6 @@ def _header_bytes(row: RowLayout, f: LegacyFile) -> int:
     return len(hdr)
 
 
-def _sweep_dead_temps(root: str) -> int:
-    """Remove temp files of writers that are gone (pid in the name no longer runs, or older than an hour).
-
-    A live writer's temp file is never touched: its pid still runs. Assumes DST is written from this
-    host (pids of other hosts cannot be checked; their temp files go after an hour).
-    """
-    n, now = 0, time.time()
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            if not name.startswith(TMP_PREFIX):
-                continue
-            p = os.path.join(dirpath, name)
-            pid_s = name[len(TMP_PREFIX):].split("-", 1)[0]
-            alive = False
-            if pid_s.isdigit():
-                try:
-                    os.kill(int(pid_s), 0)
-                    alive = True
-                except ProcessLookupError:
-                    alive = False
-                except PermissionError:
-                    alive = True
-            try:
-                if not alive or now - os.lstat(p).st_mtime > 3600:
-                    os.unlink(p)
-                    n += 1
-            except FileNotFoundError:
-                pass
-    return n
-
-
 def _prune_empty_dirs(ns: LegacyNamespace) -> None:
     for _rank, rdir in ns.rank_dirs:
         for dirpath, _dirs, _files in os.walk(rdir, topdown=False):
@@ -360,8 +328,7 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
             })
     store = None if dry_run else open_store(dst)
     if store is not None:
-        if isinstance(store, LocalStore):
-            _sweep_dead_temps(store.root)
+        store.cleanup_temp(older_than_s=3600.0, dead_writers=True)
         seen = set()
         for t in tasks:
             if t.row.layout.namespace() not in seen:

@@ -288,7 +288,7 @@ class RowEngine:
         found: list[tuple[str, int, float]] = []
         try:
             self.store.ensure_namespace(self.layout)
-            self.store.cleanup_temp(older_than_s=TEMP_MAX_AGE_S)
+            self.store.cleanup_temp(older_than_s=TEMP_MAX_AGE_S, dead_writers=True)
             for e in self.store.list():
                 if stop.is_set():
                     break

@@ -70,8 +70,10 @@ class Store(abc.ABC):
     def quarantine(self, relpath: str, reason: str) -> str | None:
         """Move a bad file aside under ``.quarantine/``; returns its new relpath (None if gone)."""
 
-    def cleanup_temp(self, older_than_s: float = 0.0) -> int:
-        """Remove leftover temp files of crashed writers. Returns how many were removed."""
+    def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
+        """Remove leftover temp files of crashed writers: those older than ``older_than_s`` and, with
+        ``dead_writers``, those whose writer process is known to be gone (where the backend can tell).
+        Returns how many were removed."""
         return 0
 
     # -- batched forms (remote backends override with concurrent versions) ----------------------

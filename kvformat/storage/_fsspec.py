@@ -694,7 +694,8 @@ class FsspecStore(Store):
         self._remember(relpath, False)
         return r
 
-    def cleanup_temp(self, older_than_s: float = 0.0) -> int:
+    def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
+        # dead_writers: an object store cannot tell whether a writer runs; the age rule alone applies.
         async def go(_: str) -> dict[str, Any]:
             try:
                 return await self._afs._find(self._base, detail=True)

@@ -8,7 +8,7 @@ import stat
 import time
 from typing import Any, Iterator
 
-from .._io import TMP_PREFIX, iter_files, read_header, read_into, write_atomic
+from .._io import TMP_PREFIX, iter_files, temp_writer_gone, read_header, read_into, write_atomic
 from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout
 from ._base import Store, StoreEntry
 
@@ -83,14 +83,17 @@ class LocalStore(Store):
             return None
         return dst_rel
 
-    def cleanup_temp(self, older_than_s: float = 0.0) -> int:
+    def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
+        """Remove temp files older than ``older_than_s``; with ``dead_writers`` also, at any age, those
+        whose writer (a process of this host) is gone. A live writer's temp file is never touched."""
         n, now = 0, time.time()
         for dirpath, dirnames, filenames in os.walk(self.root):
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     p = os.path.join(dirpath, name)
                     try:
-                        if now - os.lstat(p).st_mtime >= older_than_s:
+                        if (now - os.lstat(p).st_mtime >= older_than_s
+                                or (dead_writers and temp_writer_gone(name))):
                             os.unlink(p)
                             n += 1
                     except FileNotFoundError:
