@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import _codec
+from ._header import _hxxh3_pos as header_checksum_pos
 from ._header import check_layout, decode_header, encode_header, xxh3_hex
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, parse_uint
+from ._spec import FORMAT_VERSION, BlockHeader, BlockKey, CanonicalLayout, Provenance, parse_uint
 from .errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
 
 
@@ -32,6 +33,13 @@ def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: 
 
     ``data`` is ``payload`` itself (no copy) when uncompressed, else the zstd frame.
     """
+    hdr, data, _ = encode_block(payload, layout, key, provenance=provenance, codec=codec, level=level)
+    return hdr, data
+
+
+def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
+                 codec: str = "none", level: int = 3) -> tuple[bytes, memoryview | bytes, BlockHeader]:
+    """:func:`encode` plus the :class:`BlockHeader` it wrote (built from what was encoded, not re-parsed)."""
     mv = as_bytes_view(payload)
     if len(mv) != layout.payload_bytes:
         raise LayoutMismatchError("payload_bytes", layout.payload_bytes, len(mv))
@@ -45,9 +53,14 @@ def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: 
         dx = xxh3_hex(data)
     else:
         raise SchemaError("codec", f"expected none or zstd, got {codec!r}")
-    hdr = encode_header(layout, key, provenance or Provenance(), codec=codec, data_bytes=len(data),
-                        data_xxh3=dx, raw_xxh3=raw, level=level if codec != "none" else None)
-    return hdr, data
+    prov = provenance or Provenance()
+    lvl = level if codec != "none" else None
+    hdr = encode_header(layout, key, prov, codec=codec, data_bytes=len(data), data_xxh3=dx, raw_xxh3=raw, level=lvl)
+    pos = header_checksum_pos(hdr)
+    info = BlockHeader(version=FORMAT_VERSION, layout=layout, key=key, provenance=prov, codec=codec,
+                       data_offset=len(hdr), data_bytes=len(data), raw_bytes=layout.payload_bytes,
+                       header_xxh3=hdr[pos:pos + 16].decode(), data_xxh3=dx, raw_xxh3=raw, level=lvl)
+    return hdr, data, info
 
 
 def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockKey | None) -> None:

@@ -11,7 +11,7 @@ import stat
 import time
 from typing import Any, Iterator, Mapping
 
-from ._format import as_bytes_view, check_expected, decode, encode, invalidate, verify_data
+from ._format import as_bytes_view, check_expected, decode, encode_block, invalidate, verify_data
 from ._header import decode_header, header_length
 from ._spec import ALIGNMENT, BlockHeader, BlockKey, CanonicalLayout, Provenance
 from .errors import KVFormatError, LayoutMismatchError, NotKVFormatError, TruncatedError
@@ -147,9 +147,10 @@ def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayou
     LayoutMismatchError if the payload size does not match ``layout``; OSError from the filesystem.
     """
     prov = provenance or Provenance(writer=_writer(), created=int(time.time()))
-    hdr, data = encode(_as_payload(payload, layout), layout, key, provenance=prov, codec=codec, level=level)
+    hdr, data, info = encode_block(_as_payload(payload, layout), layout, key, provenance=prov, codec=codec,
+                                   level=level)
     write_atomic(os.fspath(path), [hdr, data], fsync=fsync)
-    return decode_header(hdr, verify=False)
+    return info
 
 
 def _writer() -> str:

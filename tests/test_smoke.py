@@ -47,3 +47,14 @@ def test_flip_and_mismatch(tmp_path):
     with pytest.raises(LayoutMismatchError) as e:
         K.decode(bytes(raw), expect=_layout(tpb=32), verify=False)
     assert e.value.field == "tokens_per_block"
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_save_file_returns_the_header_it_wrote(tmp_path, codec):
+    # save_file builds its BlockHeader from what it encoded (no re-parse): it must equal what a reader sees.
+    L = _layout(bpc=2)
+    pay = np.random.default_rng(1).integers(0, 256, L.payload_bytes, dtype=np.uint8)
+    p = tmp_path / "b.kvf"
+    written = K.save_file(pay, p, L, K.BlockKey("ef" * 32), codec=codec,
+                          provenance=K.Provenance(tp=4, row="per_worker", writer="t", created=7))
+    assert written == K.read_header(p)
