@@ -74,16 +74,7 @@ def _chunks(entries: Sequence[StoreEntry], n: int) -> Iterator[Sequence[StoreEnt
 
 
 def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]:
-    many = getattr(store, "read_headers_many", None)
-    if many is not None:
-        return many(rels, verify=True)
-    out: list[BlockHeader | BaseException] = []
-    for r in rels:
-        try:
-            out.append(store.read_header(r, verify=True))
-        except (KVFormatError, OSError) as e:
-            out.append(e)
-    return out
+    return store.read_headers_many(rels, verify=True)  # batched and concurrent on remote stores
 
 
 def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
