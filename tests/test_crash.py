@@ -195,8 +195,12 @@ def _legacy_tree(root: str, n_files: int, n_layers: int = 6, tpb: int = 64, widt
 
 
 COMPACT_CHILD = r"""
-import sys
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
+# A slow disk: each fsync (compact runs with --fsync) takes 10 ms more, so random kills land inside
+# writes (temp file open) on any machine, not mostly in interpreter start-up or between files.
+_fsync = os.fsync
+os.fsync = lambda fd: (time.sleep(0.01), _fsync(fd))[1]
 from kvformat._cli import main
 print("ready", flush=True)
 sys.exit(main(sys.argv[2:]))
@@ -217,8 +221,7 @@ def test_compact_sigkill(tmp_path, delete_source):
     n_kills = KILLS // 2  # two variants: 50 kill points per CI run in all
     src, dst, ref = str(tmp_path / "src"), str(tmp_path / "dst"), str(tmp_path / "ref")
     expected = _legacy_tree(src, 30)
-    # --fsync makes the write (temp file open) the longest part of each file, so random kills land
-    # inside writes often enough on any machine, not only between files.
+    # --fsync with the child's slow fsync (COMPACT_CHILD) makes the write the longest part of each file.
     argv = [sys.executable, "-c", COMPACT_CHILD, ROOT, "compact", src, dst, "-q", "--json", "--fsync"]
     # The reference: one clean run of the same source into another root (no deletion).
     per_file = _calibrate([sys.executable, "-c", COMPACT_CHILD, ROOT, "compact", src, ref, "-q", "--json",
