@@ -401,21 +401,27 @@ def open_block(path: str | os.PathLike[str], *, verify: bool = True) -> BlockFil
     return BlockFile(path, verify=verify)
 
 
-def iter_files(root: str, suffix: str = ".kvf") -> Iterator[os.DirEntry[str]]:
-    """Regular files under ``root`` ending in ``suffix``; never follows symlinks, skips temp files."""
-    stack = [root]
+def iter_files(root: str, suffix: str = ".kvf", *, skip_top: tuple[str, ...] = ()) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """``(relative path with '/', entry)`` of the regular files under ``root`` ending in ``suffix``.
+
+    Never follows symlinks, skips temp files, and skips the top-level directories named in ``skip_top``.
+    The relative path is built while walking (no per-file ``os.path.relpath``: scans of 10k-file trees).
+    """
+    stack = [("", root)]
     while stack:
-        d = stack.pop()
+        rel, d = stack.pop()
         try:
             it = os.scandir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
         with it:
             for e in it:
+                name = e.name
                 if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                elif e.name.endswith(suffix) and not e.name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
-                    yield e
+                    if not (not rel and name in skip_top):
+                        stack.append((rel + name + "/", e.path))
+                elif name.endswith(suffix) and not name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
+                    yield rel + name, e
 
 
 _ = decode  # decode(bytes) is the in-memory twin of read_into

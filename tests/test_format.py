@@ -281,7 +281,7 @@ def test_atomic_write_leaves_no_temp_and_first_writer_wins(tmp_path):
     assert open(p, "rb").read() == b"three!"
     assert [e.name for e in os.scandir(tmp_path / "a")] == ["b.kvf"]
     (tmp_path / "a" / f"{TMP_PREFIX}123-abcd.kvf").write_bytes(b"partial")
-    assert [e.name for e in iter_files(str(tmp_path))] == ["b.kvf"]  # W-10.2
+    assert [rel for rel, _ in iter_files(str(tmp_path))] == ["a/b.kvf"]  # W-10.2
 
 
 def test_save_file_from_a_tensor_dict_and_open_block(tmp_path):

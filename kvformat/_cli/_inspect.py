@@ -9,11 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .._io import TMP_PREFIX, UnsafeFileError, is_regular_file, read_header, read_into, read_small_file
-from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
+from .._io import UnsafeFileError, is_regular_file, read_header, read_into, read_small_file
+from .._spec import NAMESPACE_FILE, BlockHeader, CanonicalLayout
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
 from ..legacy import Ignored, LegacyFile, extract_payload, find_namespaces, infer_row, iter_legacy_files
 from ..storage import StoreEntry
+from ..storage._local import scan_entries
 from ._util import human, iso, table
 
 
@@ -116,29 +117,8 @@ class _NsAcc:
 
 
 def _walk(root: str) -> list[StoreEntry]:
-    """Every ``.kvf`` file under ``root`` (as ``LocalStore.list``, without its per-file relpath cost)."""
-    out: list[StoreEntry] = []
-    stack = [("", root)]
-    while stack:
-        rel, d = stack.pop()
-        try:
-            it = os.scandir(d)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        with it:
-            for e in it:
-                name = e.name
-                if e.is_dir(follow_symlinks=False):
-                    if not rel and name == QUARANTINE_DIR:
-                        continue
-                    stack.append((rel + name + "/", e.path))
-                elif name.endswith(FILE_SUFFIX) and not name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    out.append(StoreEntry(rel + name, st.st_size, st.st_mtime))
-    return out
+    """Every ``.kvf`` file under ``root``, as ``LocalStore.list`` gives them (without creating ``root``)."""
+    return list(scan_entries(root))
 
 
 def _check_entry(root: str, e: StoreEntry, verify: bool) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | None]:

@@ -55,16 +55,12 @@ class LocalStore(Store):
             return False
 
     def list(self, prefix: str = "") -> Iterator[StoreEntry]:
-        base = self._abs(prefix) if prefix else self.root
-        skip = os.path.join(self.root, QUARANTINE_DIR)
-        for e in iter_files(base, FILE_SUFFIX):
-            if e.path.startswith(skip + os.sep):
-                continue
-            try:
-                st = e.stat(follow_symlinks=False)
-            except FileNotFoundError:  # removed since the scan (gc, another tier)
-                continue
-            yield StoreEntry(os.path.relpath(e.path, self.root).replace(os.sep, "/"), st.st_size, st.st_mtime)
+        if not prefix:
+            return scan_entries(self.root)
+        rel = os.path.relpath(self._abs(prefix), self.root).replace(os.sep, "/")
+        if rel == QUARANTINE_DIR or rel.startswith(QUARANTINE_DIR + "/"):
+            return iter(())
+        return scan_entries(self._abs(prefix), rel + "/")
 
     def touch(self, relpath: str) -> None:
         try:
@@ -120,3 +116,14 @@ def _refuse_symlinks(root: str, path: str) -> None:
                 raise OSError(errno.ELOOP, "a symlink inside the store root would lead the move out of it", p)
         except FileNotFoundError:
             return
+
+
+def scan_entries(root: str, rel_prefix: str = "") -> Iterator[StoreEntry]:
+    """Every ``.kvf`` file under ``root`` as a StoreEntry (relpath = ``rel_prefix`` + path under root),
+    quarantine and temp files excluded; never follows symlinks."""
+    for rel, e in iter_files(root, FILE_SUFFIX, skip_top=() if rel_prefix else (QUARANTINE_DIR,)):
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the scan (gc, another tier)
+            continue
+        yield StoreEntry(rel_prefix + rel, st.st_size, st.st_mtime)
