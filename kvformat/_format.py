@@ -38,12 +38,17 @@ def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: 
 
 
 def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
-                 codec: str = "none", level: int = 3) -> tuple[bytes, memoryview | bytes, BlockHeader]:
-    """:func:`encode` plus the :class:`BlockHeader` it wrote (built from what was encoded, not re-parsed)."""
+                 codec: str = "none", level: int = 3,
+                 payload_xxh3: int | None = None) -> tuple[bytes, memoryview | bytes, BlockHeader]:
+    """:func:`encode` plus the :class:`BlockHeader` it wrote (built from what was encoded, not re-parsed).
+
+    ``payload_xxh3``: the xxh3-64 of ``payload`` when the caller has just computed it over these same
+    bytes (the tier's replica check does), so the payload is not hashed twice.
+    """
     mv = as_bytes_view(payload)
     if len(mv) != layout.payload_bytes:
         raise LayoutMismatchError("payload_bytes", layout.payload_bytes, len(mv))
-    raw = xxh3_hex(mv)
+    raw = xxh3_hex(mv) if payload_xxh3 is None else f"{payload_xxh3:016x}"
     if codec == "none":
         data: memoryview | bytes = mv
         dx = raw

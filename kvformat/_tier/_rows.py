@@ -17,7 +17,8 @@ from typing import Any, Callable
 import numpy as np
 import xxhash
 
-from .._format import encode
+from .._format import encode_block
+from .._header import check_layout
 from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
 from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
 from ..storage import Store
@@ -141,6 +142,7 @@ class RowEngine:
             return EXISTS, 0
         base = chunk_id * self.stride
         payload = self.flat[base:base + self.slot]
+        digests: list[int] | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify":
             digests = [xxhash.xxh3_64_intdigest(self.flat[base + r * self.slot:base + (r + 1) * self.slot])
                        for r in range(self.copies)]
@@ -152,8 +154,8 @@ class RowEngine:
                 return REPLICA_MISMATCH, 0
         key = BlockKey(h, self.layout.group)
         prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
-        hdr, data = encode(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
-                           level=self.cfg.compression_level)
+        hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
+                                    level=self.cfg.compression_level, payload_xxh3=digests[0] if digests else None)
         size = len(hdr) + len(data)
         for attempt in range(2):
             self.delete_victims(self.index.reserve(size))
@@ -187,8 +189,6 @@ class RowEngine:
     def _accept_header(self, rel: str, key: BlockKey, hdr: Any) -> int | None:
         """Size of the file whose header (or read error) is ``hdr`` if it is valid for ``key``; else None,
         quarantining a file that is there but wrong. Other OS errors propagate (the caller decides)."""
-        from .._header import check_layout
-
         if isinstance(hdr, FileNotFoundError):
             return None
         if isinstance(hdr, BaseException) and not isinstance(hdr, KVFormatError):
@@ -199,10 +199,10 @@ class RowEngine:
             if hdr.key != key:
                 raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
             check_layout(hdr.layout, self.layout)
-            return int(hdr.file_bytes)
         except KVFormatError as e:
             self.quarantine(rel, e.with_path(rel))
             return None
+        return int(hdr.file_bytes)
 
     # -- load ----------------------------------------------------------------------------------
     def load_chunk(self, h: str, chunk_id: int) -> int | None:
@@ -268,18 +268,6 @@ class RowEngine:
                     self.index.add(rels[i], size)
             self.delete_victims(self.index.victims())
         return [r in self.index for r in rels]
-
-    def probe(self, h: str) -> bool:
-        """Whether a valid block ``h`` is stored (header checked); indexes it when found."""
-        rel = self.relpath(h)
-        if rel in self.index:
-            return True
-        size = self._check_existing(rel, BlockKey(h, self.layout.group))
-        if size is None:
-            return False
-        self.index.add(rel, size)
-        self.delete_victims(self.index.victims())
-        return rel in self.index
 
     # -- start-up ----------------------------------------------------------------------------------
     def scan(self, stop: threading.Event) -> None:
