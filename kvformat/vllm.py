@@ -335,25 +335,22 @@ class KVFormatTier(SecondaryTierManager):
                 self.index.touch(self.engine.relpath(h))
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        job = _Job(job_metadata.job_id, keys, is_load=False)
-        if not keys:
-            self._finish_empty(job)
-            return
-        tasks = [self._store_task(job, i, self._hash(k), int(c)) for i, (k, c) in
-                 enumerate(zip(keys, job_metadata.chunk_ids))]
-        self._pool.submit(tasks, load=False)
+        self._submit(job_metadata, load=False)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata, load=True)
+
+    def _submit(self, job_metadata: TransferJob, *, load: bool) -> None:
         keys = list(job_metadata.keys)
-        job = _Job(job_metadata.job_id, keys, is_load=True)
-        self._load_keys[job.job_id] = keys
+        job = _Job(job_metadata.job_id, keys, is_load=load)
+        if load:
+            self._load_keys[job.job_id] = keys
         if not keys:
             self._finish_empty(job)
             return
-        tasks = [self._load_task(job, i, self._hash(k), int(c)) for i, (k, c) in
-                 enumerate(zip(keys, job_metadata.chunk_ids))]
-        self._pool.submit(tasks, load=True)
+        task = self._load_task if load else self._store_task
+        self._pool.submit([task(job, i, self._hash(k), int(c)) for i, (k, c) in
+                           enumerate(zip(keys, job_metadata.chunk_ids))], load=load)
 
     def _finish_empty(self, job: _Job) -> None:
         with self._finished_lock:
