@@ -7,7 +7,7 @@ from typing import Any
 from . import _codec
 from ._header import _hxxh3_pos as header_checksum_pos
 from ._header import check_layout, decode_header, encode_header, xxh3_hex
-from ._spec import FORMAT_VERSION, BlockHeader, BlockKey, CanonicalLayout, Provenance, parse_uint
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, parse_uint
 from .errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
 
 
@@ -62,7 +62,7 @@ def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, proven
     lvl = level if codec != "none" else None
     hdr = encode_header(layout, key, prov, codec=codec, data_bytes=len(data), data_xxh3=dx, raw_xxh3=raw, level=lvl)
     pos = header_checksum_pos(hdr)
-    info = BlockHeader(version=FORMAT_VERSION, layout=layout, key=key, provenance=prov, codec=codec,
+    info = BlockHeader(version=layout.version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=len(hdr), data_bytes=len(data), raw_bytes=layout.payload_bytes,
                        header_xxh3=hdr[pos:pos + 16].decode(), data_xxh3=dx, raw_xxh3=raw, level=lvl)
     return hdr, data, info

@@ -11,9 +11,9 @@ from typing import Any
 import xxhash
 
 from ._spec import (
-    ALIGNMENT, CODECS, DTYPE_SIZES, FORMAT_MAJOR, FORMAT_VERSION, HEADER_PREFIX, HEX64_LEN, HEX64_ZERO,
+    ALIGNMENT, CODECS, DTYPE_SIZES, FORMAT_MAJOR, HEADER_PREFIX, HEX64_LEN, HEX64_ZERO,
     HXXH3_FIELD, LENGTH_BYTES, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, ZSTD_TENSOR, BlockHeader,
-    BlockKey, CanonicalLayout, LayerSpec, Provenance, parse_hex, parse_name, parse_uint,
+    BlockKey, CanonicalLayout, LayerSpec, Provenance, parse_hex, parse_name, parse_uint, with_roles,
 )
 from .errors import (
     ChecksumError, HeaderError, InvalidJSONError, KVFormatError, NotKVFormatError, OversizedHeaderError, SchemaError,
@@ -41,6 +41,10 @@ def _meta_for(layout: CanonicalLayout, key: BlockKey, prov: Provenance) -> dict[
         "kvf.tp": str(prov.tp), "kvf.pp": str(prov.pp), "kvf.dcp": str(prov.dcp), "kvf.pcp": str(prov.pcp),
         "kvf.row": prov.row, "kvf.writer": prov.writer, "kvf.created": str(prov.created),
     })
+    if layout.has_roles:
+        m["kvf.roles"] = layout.roles_json  # §4.3
+    if layout.pins:
+        m["kvf.pins"] = layout.pins_json  # §9
     return m
 
 
@@ -56,7 +60,7 @@ def encode_header(layout: CanonicalLayout, key: BlockKey, provenance: Provenance
         raise SchemaError("key.group", f"expected the layout's group {layout.group}, got {key.group}")
     if codec != "none":  # never write a level the reader refuses (kvf.level is 0..22, spec §4.2)
         parse_uint("kvf.level", level if level is not None else 0, maximum=22)
-    meta: dict[str, str] = {"kvformat": FORMAT_VERSION, "kvf.hxxh3": HEX64_ZERO.decode(), "kvf.codec": codec,
+    meta: dict[str, str] = {"kvformat": layout.version, "kvf.hxxh3": HEX64_ZERO.decode(), "kvf.codec": codec,
                             "kvf.dxxh3": data_xxh3}
     if codec != "none":
         meta.update({"kvf.level": str(level if level is not None else 0), "kvf.raw_xxh3": raw_xxh3,
@@ -279,7 +283,7 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")  # F-4.9
     if codec != "none" and data_bytes > MAX_PAYLOAD_BYTES + (MAX_PAYLOAD_BYTES >> 7) + (1 << 20):
         raise OversizedHeaderError("compressed data bytes", MAX_PAYLOAD_BYTES, data_bytes)
-    extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > len(_KNOWN) - 4 else {}  # F-7.2
+    extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > len(_KNOWN) - len(_OPTIONAL_KEYS) - 3 else {}  # F-7.2
     return BlockHeader(version=version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=data_offset, data_bytes=data_bytes, raw_bytes=layout.payload_bytes,
                        header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra)
@@ -288,20 +292,23 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
 # Metadata that is the same for every file of one writer and layout: parsed and validated once (cached),
 # so a read of one more file of a known deployment only parses its per-file fields (key, checksums, time).
 _STATIC_KEYS = ("kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
-                "kvf.tokens_per_hash", "kvf.group", "kvf.tp", "kvf.pp", "kvf.dcp", "kvf.pcp", "kvf.row", "kvf.writer")
+                "kvf.tokens_per_hash", "kvf.group", "kvf.tp", "kvf.pp", "kvf.dcp", "kvf.pcp", "kvf.row", "kvf.writer",
+                "kvf.roles", "kvf.pins")
+_OPTIONAL_KEYS = ("kvf.revision", "kvf.roles", "kvf.pins")
 
 
 @functools.lru_cache(maxsize=64)
 def _static(values: tuple[str | None, ...], bpc: int, layers_key: Any) -> tuple[CanonicalLayout, Provenance]:
     m = dict(zip(_STATIC_KEYS, values))
     for k, v in m.items():
-        if v is None and k != "kvf.revision":
+        if v is None and k not in _OPTIONAL_KEYS:
             raise SchemaError(k, "missing from __metadata__")  # F-4.4
     layout = _layout(
         model=m["kvf.model"], revision=m["kvf.revision"], kv_dtype=m["kvf.kv_dtype"], family=m["kvf.family"],
         tokens_per_block=parse_uint("kvf.tokens_per_block", m["kvf.tokens_per_block"], minimum=1),
         blocks_per_chunk=bpc, tokens_per_hash=parse_uint("kvf.tokens_per_hash", m["kvf.tokens_per_hash"], minimum=1),
-        group=parse_uint("kvf.group", m["kvf.group"], maximum=1 << 16), layers_key=layers_key)
+        group=parse_uint("kvf.group", m["kvf.group"], maximum=1 << 16), layers_key=layers_key,
+        roles=m["kvf.roles"], pins=m["kvf.pins"])
     prov = Provenance(tp=parse_uint("kvf.tp", m["kvf.tp"], minimum=1), pp=parse_uint("kvf.pp", m["kvf.pp"], minimum=1),
                       dcp=parse_uint("kvf.dcp", m["kvf.dcp"], minimum=1),
                       pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1), row=m["kvf.row"], writer=m["kvf.writer"])
@@ -318,7 +325,7 @@ def _with_created(prov: Provenance, created: int) -> Provenance:
 _KNOWN = frozenset({"kvformat", "kvf.hxxh3", "kvf.codec", "kvf.dxxh3", "kvf.level", "kvf.raw_xxh3", "kvf.layers",
              "kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
              "kvf.blocks_per_chunk", "kvf.tokens_per_hash", "kvf.group", "kvf.key", "kvf.tp", "kvf.pp", "kvf.dcp",
-             "kvf.pcp", "kvf.row", "kvf.writer", "kvf.created"})
+             "kvf.pcp", "kvf.row", "kvf.writer", "kvf.created", "kvf.roles", "kvf.pins"})
 
 
 def _layers_from_key(layers_key: Any) -> tuple[LayerSpec, ...]:
@@ -336,10 +343,32 @@ def _layers(items: tuple[tuple[Any, Any, tuple[Any, ...]], ...]) -> tuple[LayerS
     return tuple(LayerSpec(n, d, s) for n, d, s in items)
 
 
+def _json_field(name: str, text: str | None, kind: type) -> Any:
+    if text is None:
+        return None
+    try:
+        v = json.loads(text)
+    except (ValueError, RecursionError):
+        raise SchemaError(name, "not valid JSON") from None  # F-4.13, F-4.15
+    if not isinstance(v, kind):
+        raise SchemaError(name, f"expected a JSON {kind.__name__}")
+    return v
+
+
 @functools.lru_cache(maxsize=64)
-def _layout(layers_key: Any, **kw: Any) -> CanonicalLayout:
+def _layout(layers_key: Any, roles: str | None = None, pins: str | None = None, **kw: Any) -> CanonicalLayout:
     # Files of one deployment share one layout: build and validate it once, not per file.
-    return CanonicalLayout(layers=_layers_from_key(layers_key), **kw)
+    layers = _layers_from_key(layers_key)
+    role_list = _json_field("kvf.roles", roles, list)
+    if role_list is not None:
+        layers = with_roles(layers, role_list, kw["kv_dtype"])  # F-4.13
+    pin_map = _json_field("kvf.pins", pins, dict)
+    layout = CanonicalLayout(layers=layers, pins=pin_map or {}, **kw)
+    if role_list is not None and not layout.has_roles:
+        raise SchemaError("kvf.roles", "present but every layer is a plain MLA latent of kvf.kv_dtype")  # F-4.13
+    if pin_map is not None and not pin_map:
+        raise SchemaError("kvf.pins", "present but empty")  # F-4.15
+    return layout
 
 
 def check_layout(found: CanonicalLayout, expected: CanonicalLayout) -> None:
@@ -347,15 +376,17 @@ def check_layout(found: CanonicalLayout, expected: CanonicalLayout) -> None:
     from .errors import LayoutMismatchError
 
     for f in ("model", "revision", "kv_dtype", "family", "tokens_per_block", "blocks_per_chunk", "tokens_per_hash",
-              "group"):
+              "group", "pins"):
         a, b = getattr(expected, f), getattr(found, f)
         if a != b:
             raise LayoutMismatchError(f, a, b)  # F-9.1
     if len(found.layers) != len(expected.layers):
         raise LayoutMismatchError("layers", len(expected.layers), len(found.layers))
     for i, (a, b) in enumerate(zip(expected.layers, found.layers)):
-        if a != b:
-            raise LayoutMismatchError(f"layers[{i}]", a.to_list(), b.to_list())
+        if a != b:  # names, dtypes and shapes first; then the role and true KV dtype (§4.3)
+            if a.to_list() != b.to_list():
+                raise LayoutMismatchError(f"layers[{i}]", a.to_list(), b.to_list())
+            raise LayoutMismatchError(f"layers[{i}].role", a.role_entry(expected.kv_dtype), b.role_entry(found.kv_dtype))
 
 
 __all__ = ["encode_header", "decode_header", "header_length", "xxh3_hex", "check_layout"]

@@ -12,8 +12,11 @@ from typing import Any, Mapping
 from .errors import SchemaError
 
 FORMAT_MAJOR = 1  # §7: readers refuse any other major
-FORMAT_MINOR = 0  # §7: readers accept any minor of their major
+FORMAT_MINOR = 1  # §7: readers accept any minor of their major
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+# §7: a writer marks a file with the lowest minor whose features it uses, so files readable by 1.0
+# readers (pure-MLA layouts, no roles, no pins) keep their exact 1.0 bytes and namespaces.
+FORMAT_VERSION_BASE = f"{FORMAT_MAJOR}.0"
 
 ALIGNMENT = 4096  # §3: the data section starts at a multiple of this
 LENGTH_BYTES = 8  # §3: u64 little-endian header length (safetensors)
@@ -34,6 +37,13 @@ HEX64_ZERO = b"0" * HEX64_LEN
 CODECS = ("none", "zstd")
 ZSTD_TENSOR = "kvf.zstd"  # §6: the one U8 tensor of a compressed file
 ROW_LAYOUTS = ("replicated", "per_worker", "canonical", "unknown")
+
+# §4.3: what a layer's bytes are. "mla": an MLA latent (replicated on every TP rank); "dsa_indexer": a
+# DeepSeek sparse-attention indexer k-cache (also replicated); "opaque": one region of the writer's row
+# whose inner order is not described (its identity pins every input of those bytes instead).
+ROLES = ("mla", "dsa_indexer", "opaque")
+DEFAULT_ROLE = "mla"
+OPAQUE_LAYER = "kvf.opaque"  # §4.3: the one tensor of an opaque layout (the only allowed kvf.* layer name)
 
 # safetensors dtype names and item sizes (§4.2).
 DTYPE_SIZES: Mapping[str, int] = {
@@ -105,10 +115,19 @@ class LayerSpec:
     name: str
     dtype: str
     shape: tuple[int, ...]
+    role: str = DEFAULT_ROLE
+    kv_dtype: str | None = None  # the layer's true KV dtype when it differs from the layout's kvf.kv_dtype
 
     def __post_init__(self) -> None:
         parse_name("layer.name", self.name)
-        if self.name == "__metadata__" or self.name.startswith("kvf."):
+        if self.role not in ROLES:
+            raise SchemaError("kvf.roles", f"expected a role in {ROLES}, got {str(self.role)[:40]!r}")  # F-4.13
+        if self.kv_dtype is not None:
+            parse_name("kvf.roles", self.kv_dtype)
+        if self.role == "opaque":
+            if self.name != OPAQUE_LAYER or self.dtype != "U8":
+                raise SchemaError("kvf.roles", f"an opaque layer is the U8 tensor {OPAQUE_LAYER}")  # F-4.14
+        elif self.name == "__metadata__" or self.name.startswith("kvf."):
             raise SchemaError("layer.name", f"reserved name {self.name!r}")  # F-4.11
         if self.dtype not in DTYPE_SIZES:
             raise SchemaError("layer.dtype", f"expected one of {sorted(DTYPE_SIZES)}, got {self.dtype!r}")
@@ -127,6 +146,10 @@ class LayerSpec:
 
     def to_list(self) -> list[Any]:
         return [self.name, self.dtype, list(self.shape)]
+
+    def role_entry(self, layout_kv_dtype: str) -> list[str]:
+        """This layer's ``kvf.roles`` entry: ``[role, true KV dtype]`` (§4.3)."""
+        return [self.role, self.kv_dtype or layout_kv_dtype]
 
     @classmethod
     def from_list(cls, item: Any) -> "LayerSpec":
@@ -153,6 +176,9 @@ class CanonicalLayout:
     family: str = "mla"
     revision: str | None = None
     group: int = 0
+    # §9: more identity (weight quantization, the writer's row order for an opaque layout, …): every
+    # input that changes the bytes for the same tokens and is not already a field above.
+    pins: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         parse_name("model", self.model)
@@ -169,13 +195,27 @@ class CanonicalLayout:
             raise SchemaError("layers", f"expected 1..{MAX_LAYERS} layers, got {len(layers)}")
         if len({l.name for l in layers}) != len(layers):
             raise SchemaError("layers", "layer names repeat")
+        if not isinstance(self.pins, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in self.pins.items()):
+            raise SchemaError("kvf.pins", "expected an object of strings")  # F-4.15
+        for k, v in self.pins.items():
+            parse_name("kvf.pins", k)
+            parse_name("kvf.pins", v, allow_empty=True)
+        object.__setattr__(self, "pins", dict(sorted(self.pins.items())))
+        if any(l.role == "opaque" for l in layers) and len(layers) != 1:
+            raise SchemaError("kvf.roles", "an opaque layer is the only layer of its file")  # F-4.14
         for l in layers:
+            if l.role == "opaque":
+                continue  # an opaque region has no per-token structure (§4.3)
             if l.shape[0] != self.tokens_per_block:  # F-4.10
                 raise SchemaError(f"layer {l.name}.shape", f"expected first dim {self.tokens_per_block} "
                                   f"(tokens_per_block), got {l.shape[0]}")
         object.__setattr__(self, "layers", layers)
         if self.payload_bytes > MAX_PAYLOAD_BYTES:
             raise SchemaError("payload", f"{self.payload_bytes} bytes is over the limit {MAX_PAYLOAD_BYTES}")  # F-8.4
+
+    def __hash__(self) -> int:
+        return hash(self.namespace())
 
     @classmethod
     def uniform(cls, model: str, kv_dtype: str, layer_names: list[str] | tuple[str, ...], tokens_per_block: int,
@@ -217,13 +257,34 @@ class CanonicalLayout:
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)[1:-1]
 
     @functools.cached_property
+    def has_roles(self) -> bool:
+        """Whether any layer is not a plain MLA latent of the layout's KV dtype (then ``kvf.roles`` is written)."""
+        return any(l.role != DEFAULT_ROLE or (l.kv_dtype not in (None, self.kv_dtype)) for l in self.layers)
+
+    @functools.cached_property
+    def roles_json(self) -> str:
+        return json.dumps([l.role_entry(self.kv_dtype) for l in self.layers], separators=(",", ":"))
+
+    @functools.cached_property
+    def pins_json(self) -> str:
+        return json.dumps(dict(self.pins), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    @functools.cached_property
+    def version(self) -> str:
+        """The format version a writer records for files of this layout (§7)."""
+        return FORMAT_VERSION if (self.has_roles or self.pins) else FORMAT_VERSION_BASE
+
+    @functools.cached_property
     def _layers_json(self) -> str:
         # kvf.layers of a compressed file (§6), cached for the same reason.
         return json.dumps([l.to_list() for l in self.layers], separators=(",", ":"))
 
     def identity(self) -> dict[str, Any]:
-        """The TP-invariant identity that names the namespace (spec §9). No tp/pp/rank/row layout."""
-        return {
+        """The TP-invariant identity that names the namespace (spec §9). No tp/pp/rank/row layout.
+
+        ``roles`` and ``pins`` appear only when used, so a 1.0 layout keeps its namespace.
+        """
+        ident = {
             "format_major": FORMAT_MAJOR,
             "model": self.model,
             "revision": self.revision,
@@ -235,6 +296,11 @@ class CanonicalLayout:
             "group": self.group,
             "layers": [[l.name, l.dtype, list(l.shape), l.page_bytes] for l in self.layers],
         }
+        if self.has_roles:
+            ident["roles"] = [l.role_entry(self.kv_dtype) for l in self.layers]
+        if self.pins:
+            ident["pins"] = dict(self.pins)
+        return ident
 
     @functools.cached_property
     def _namespace(self) -> str:
@@ -247,22 +313,39 @@ class CanonicalLayout:
         return self._namespace
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "model": self.model, "revision": self.revision, "kv_dtype": self.kv_dtype, "family": self.family,
             "tokens_per_block": self.tokens_per_block, "blocks_per_chunk": self.blocks_per_chunk,
             "tokens_per_hash": self.tokens_per_hash, "group": self.group,
             "layers": [l.to_list() for l in self.layers],
         }
+        if self.has_roles:
+            d["roles"] = [l.role_entry(self.kv_dtype) for l in self.layers]
+        if self.pins:
+            d["pins"] = dict(self.pins)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CanonicalLayout":
         try:
+            layers = tuple(LayerSpec.from_list(x) for x in d["layers"])
+            if d.get("roles") is not None:
+                layers = with_roles(layers, d["roles"], d["kv_dtype"])
             return cls(model=d["model"], kv_dtype=d["kv_dtype"], tokens_per_block=d["tokens_per_block"],
                        blocks_per_chunk=d["blocks_per_chunk"], tokens_per_hash=d["tokens_per_hash"],
-                       layers=tuple(LayerSpec.from_list(x) for x in d["layers"]), family=d.get("family", "mla"),
-                       revision=d.get("revision"), group=d.get("group", 0))
+                       layers=layers, family=d.get("family", "mla"),
+                       revision=d.get("revision"), group=d.get("group", 0), pins=d.get("pins") or {})
         except KeyError as e:
             raise SchemaError(str(e.args[0]), "missing") from None
+
+
+def with_roles(layers: tuple[LayerSpec, ...], roles: Any, layout_kv_dtype: str) -> tuple[LayerSpec, ...]:
+    """``layers`` with the roles and true KV dtypes of a ``kvf.roles`` list (§4.3, F-4.13)."""
+    if (not isinstance(roles, list) or len(roles) != len(layers)
+            or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) for r in roles)):
+        raise SchemaError("kvf.roles", f"expected one [role, kv_dtype] per layer ({len(layers)})")  # F-4.13
+    return tuple(LayerSpec(l.name, l.dtype, l.shape, role=r, kv_dtype=None if kd == layout_kv_dtype else kd)
+                 for l, (r, kd) in zip(layers, roles))
 
 
 @dataclass(frozen=True)
@@ -370,4 +453,4 @@ def block_relpath(layout: CanonicalLayout, key: BlockKey) -> str:
 
 def namespace_doc(layout: CanonicalLayout) -> dict[str, Any]:
     """The human-readable ``namespace.json`` written beside a namespace's files."""
-    return {"kvformat": FORMAT_VERSION, "namespace": layout.namespace(), "identity": layout.identity()}
+    return {"kvformat": layout.version, "namespace": layout.namespace(), "identity": layout.identity()}

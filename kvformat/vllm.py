@@ -41,7 +41,10 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 
 from . import __version__
-from ._spec import DTYPE_SIZES, FILE_SUFFIX, CanonicalLayout, LayerSpec, Provenance, st_dtype_for
+from ._spec import FILE_SUFFIX, CanonicalLayout, Provenance
+from .layout import (
+    ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, RowPlan, formula_layer, plan_groups, role_from_name,
+)
 from ._tier._config import TierConfig
 from ._tier._lru import LRUIndex
 from ._tier._pool import DualPool
@@ -78,47 +81,205 @@ _GAUGE_DOCS = {
 }
 
 
-def derive_layout(spec: "OffloadingSpec", revision: str | None = None) -> tuple[CanonicalLayout, int, str]:
-    """The TP-invariant canonical layout of ``spec``'s chunks, the slots per primary row, the row kind.
+def _vllm_context(cfg: Any) -> tuple[Any, Any]:
+    """``(vllm_config, kv_cache_config)`` of the vLLM connector that is constructing this tier, or Nones.
 
-    Raises SchemaError for deployments whose primary row is not one replicated pure-MLA payload per
-    worker (several KV-cache groups, pipeline or context parallelism, non-uniform layers).
+    vLLM 0.33/0.34 build secondary tiers inside ``OffloadingConnectorScheduler.__init__(spec, vllm_config,
+    kv_cache_config)`` (via ``spec.get_manager()``): the scheduler's KV-cache config is in scope there and
+    is the only place the per-layer placement is. It is taken only if its groups are exactly this
+    spec's groups (same indices, same layer names), never guessed.
+    """
+    import sys
+
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    f = sys._getframe(1)
+    vc: Any = None
+    for _ in range(64):
+        if f is None:
+            break
+        loc = f.f_locals
+        kc = loc.get("kv_cache_config")
+        if isinstance(kc, KVCacheConfig) and _same_groups(kc, cfg):
+            v = loc.get("vllm_config")
+            vc = v if hasattr(v, "model_config") and hasattr(v, "cache_config") else None
+            return vc, kc
+        f = f.f_back
+    return None, None
+
+
+def _same_groups(kc: Any, cfg: Any) -> bool:
+    groups = kc.kv_cache_groups
+    return all(0 <= g.group_id < len(groups) and tuple(groups[g.group_id].layer_names) == tuple(g.layer_names)
+               for g in cfg.groups)
+
+
+_TORCH_ST = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "uint8": "U8", "int8": "I8",
+             "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+
+
+def _facts_from_kv_config(kc: Any, cfg: Any) -> tuple[dict[str, LayerFacts], dict[int, str], bool]:
+    """Per-layer facts from vLLM's KV-cache config (scheduler or worker form) and the group kinds.
+
+    The scheduler's config flattens a group's ``UniformTypeKVCacheSpecs`` to its first layer's spec, so
+    a layer's own spec is known when the group is not mixed, or when the layer shares the first layer's
+    tensor (vLLM puts exactly the layers of one spec in one tensor). Otherwise its page is the tensor's
+    placement and the formulas must agree with it (role from the name, :func:`formula_layer`).
+    """
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec, UniformTypeKVCacheSpecs
+
+    try:
+        from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+    except ImportError:  # vLLM 0.33
+        SlidingWindowMLASpec = ()  # type: ignore[assignment,misc]
+    tensor_of: dict[str, tuple[Any, int]] = {}
+    for t in kc.kv_cache_tensors:
+        for i, n in enumerate(getattr(t, "layers", None) or getattr(t, "shared_by", ())):
+            tensor_of[n] = (t, i)
+    mla_types = (MLAAttentionSpec, SlidingWindowMLASpec) if SlidingWindowMLASpec else (MLAAttentionSpec,)
+    all_specs = True  # every layer's own spec was in the config (none came from placement + formulas)
+    out: dict[str, LayerFacts] = {}
+    kinds: dict[int, str] = {}
+    for g in cfg.groups:
+        grp = kc.kv_cache_groups[g.group_id]
+        gspec = grp.kv_cache_spec
+        per_layer = dict(gspec.kv_cache_specs) if isinstance(gspec, UniformTypeKVCacheSpecs) else {}
+        first = grp.layer_names[0]
+        kinds[g.group_id] = "sliding_window" if isinstance(gspec, SlidingWindowMLASpec) else "full"
+        for n in grp.layer_names:
+            t, i = tensor_of.get(n, (None, 0))
+            spec = per_layer.get(n)
+            if spec is None and not per_layer and (t is None or tensor_of.get(first, (None,))[0] is t):
+                # The scheduler's flattened spec is the first layer's; vLLM's planner puts exactly the
+                # layers of one spec into one tensor, so it is also the spec of that tensor's layers.
+                spec = gspec
+            all_specs = all_specs and spec is not None
+            lf = _layer_fact(n, spec, t, i, g.tokens_per_block, cfg.model.dtype, mla_types)
+            if isinstance(lf, str):
+                kinds[g.group_id] = lf
+                continue
+            out[n] = lf
+    return out, kinds, all_specs
+
+
+def _layer_fact(n: str, spec: Any, t: Any, i: int, tpb: int, kv_dtype: str, mla_types: tuple[type, ...]
+                ) -> LayerFacts | str:
+    """A layer's facts, or the group kind that refuses it (a non-MLA spec)."""
+    gpu_offset = t.offset + i * t.layer_stride if t is not None and t.layer_stride is not None else None
+    block_stride = t.block_stride if t is not None else None
+    if spec is not None:
+        if not isinstance(spec, mla_types):
+            return f"{type(spec).__name__} (not MLA)"
+        role = ROLE_INDEXER if str(getattr(spec, "cache_role", "sparse")) == "indexer" else ROLE_MLA
+        page = spec.page_size_bytes
+        unpadded = getattr(spec, "unpadded_page_size_bytes", page)
+        st = _TORCH_ST.get(str(spec.dtype).removeprefix("torch."), "U8")
+        kvd = getattr(spec, "cache_dtype_str", None) or (kv_dtype if role == ROLE_MLA else "")
+        if role == ROLE_INDEXER:
+            kvd = "dsa_indexer_fp8" if unpadded == tpb * 132 and st == "U8" else f"indexer_{st.lower()}"
+        elif kvd in ("fp8", "fp8_e4m3") and st == "U8":
+            st = "F8_E4M3"
+        elif kvd == "fp8_e5m2" and st == "U8":
+            st = "F8_E5M2"
+        if kvd == "fp8_ds_mla":
+            st = "U8"
+        item = {"BF16": 2, "F16": 2, "F32": 4}.get(st, 1)
+        if page != unpadded or getattr(spec, "tokens_per_state", 1) != 1 or unpadded % (tpb * item):
+            return LayerFacts(n, "opaque", kvd, "U8", (max(1, page),), page, gpu_offset, block_stride)
+        return LayerFacts(n, role, kvd, st, (tpb, unpadded // (tpb * item)), page, gpu_offset, block_stride)
+    # No spec of its own: its placement gives the page; the formulas must name the format exactly.
+    if t is None:
+        return LayerFacts(n, "opaque", kv_dtype, "U8", (1,), 0)
+    block_outer = t.block_stride is not None and t.layer_stride is not None and t.layer_stride < t.block_stride
+    page = t.layer_stride if block_outer and len(t.layers) > 1 else t.block_stride
+    lf = formula_layer(n, role_from_name(n), kv_dtype, tpb, page)
+    if lf is None:
+        return LayerFacts(n, "opaque", kv_dtype, "U8", (max(1, page),), page, gpu_offset, block_stride)
+    return LayerFacts(n, lf.role, lf.kv_dtype, lf.st_dtype, lf.shape, page, gpu_offset, block_stride)
+
+
+def _pins_from_vllm(vc: Any) -> dict[str, str]:
+    """Identity vLLM knows and kvformat would otherwise miss: weight quantization, hf_overrides."""
+    import hashlib
+    import json
+
+    pins: dict[str, str] = {}
+    mc = getattr(vc, "model_config", None)
+    q = getattr(mc, "quantization", None)
+    if q:
+        pins["quantization"] = str(q)
+    ov = getattr(mc, "hf_overrides", None)
+    if ov and isinstance(ov, dict):
+        pins["hf_overrides_sha256"] = hashlib.sha256(
+            json.dumps(ov, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    elif callable(ov):
+        pins["hf_overrides_callable"] = f"{getattr(ov, '__module__', '')}.{getattr(ov, '__qualname__', '')}"[:256]
+    return pins
+
+
+def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vllm_config: Any = None,
+                     kv_cache_config: Any = None) -> DeploymentFacts:
+    """What ``spec``'s deployment stores per chunk, from vLLM's own objects (see :mod:`kvformat.layout`).
+
+    ``vllm_config``/``kv_cache_config`` default to those of the connector constructing the tier (found
+    in the caller's frames). Raises SchemaError for deployments kvformat does not store (pipeline or
+    context parallelism, a group that is not MLA).
     """
     cfg = spec.config
-    if len(cfg.groups) != 1:
-        raise SchemaError("groups", f"KVFormatTier needs one KV-cache group (pure MLA), got {len(cfg.groups)}")
     par = cfg.parallel
     if par.pp_size != 1 or par.pcp_size != 1 or par.dcp_size != 1:
         raise SchemaError("parallel", "KVFormatTier supports tensor parallelism only (pp, pcp and dcp must be 1), "
                           f"got pp={par.pp_size} pcp={par.pcp_size} dcp={par.dcp_size}")
-    g = cfg.groups[0]
-    n = len(g.layer_names)
-    if n == 0 or cfg.worker_kv_bytes_per_block % n:
-        raise SchemaError("worker_kv_bytes_per_block", f"expected a multiple of the {n} layers (uniform MLA "
-                          f"pages), got {cfg.worker_kv_bytes_per_block}")
-    page = cfg.worker_kv_bytes_per_block // n
-    tpb = g.tokens_per_block
-    st = st_dtype_for(cfg.model.dtype)
-    item = DTYPE_SIZES[st]
-    if page % (tpb * item):
-        st, item = "U8", 1
-        if page % tpb:
-            raise SchemaError("page_bytes", f"a {page}-byte page does not split into {tpb} tokens")
-    layers = tuple(LayerSpec(name, st, (tpb, page // (tpb * item))) for name in g.layer_names)
-    family = "mla"
+    if kv_cache_config is None:
+        vllm_config, kv_cache_config = _vllm_context(cfg)
+    layers = None
+    kinds: dict[int, str] = {}
+    all_specs = False
+    source = "offloading-config"
+    if kv_cache_config is not None:
+        if not _same_groups(kv_cache_config, cfg):
+            raise SchemaError("groups", "the KV-cache config given does not hold this deployment's groups")
+        layers, kinds, all_specs = _facts_from_kv_config(kv_cache_config, cfg)
+        source = "vLLM KV-cache config"
+    pins = _pins_from_vllm(vllm_config) if vllm_config is not None else {}
+    # Replicated KV is proven by vLLM's single-slot row (it requires every layer replicated on every TP
+    # rank) or by every layer's own MLA spec. model_config.use_mla is not enough: a hybrid model is MLA
+    # too, and the scheduler's config hides which of its layers are head-sharded when pages coincide.
+    known = bool(getattr(spec, "replicated_layout", False)) or (layers is not None and all_specs)
+    if revision is None and vllm_config is not None:
+        revision = getattr(getattr(vllm_config, "model_config", None), "revision", None) or None
+    canonical = None
     if cfg.canonical_layout:
-        # vLLM's canonical byte format is its own family: never shares a namespace with direct rows.
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import canonical_format_id
 
-        family = f"mla+{canonical_format_id(cfg.kv_cache_layout)}"
-    layout = CanonicalLayout(model=cfg.model.name, kv_dtype=cfg.model.dtype, tokens_per_block=tpb,
-                             blocks_per_chunk=spec.blocks_per_chunk, tokens_per_hash=cfg.cache.tokens_per_hash,
-                             layers=layers, family=family, revision=revision, group=g.group_id)
+        canonical = canonical_format_id(cfg.kv_cache_layout)
     if cfg.canonical_layout:
-        return layout, 1, "canonical"
-    if getattr(spec, "replicated_layout", False):
-        return layout, 1, "replicated"
-    return layout, max(1, par.world_size), "per_worker"
+        row, copies = "canonical", 1  # every worker shares the canonical area at the row start
+    elif getattr(spec, "replicated_layout", False):
+        row, copies = "replicated", 1
+    else:
+        row, copies = "per_worker", max(1, par.world_size)
+    groups = tuple(GroupFacts(g.group_id, g.tokens_per_block, tuple(g.layer_names),
+                              kinds.get(g.group_id, "sliding_window" if getattr(g, "sliding_window_size_in_chunks", None)
+                                        else "full"))
+                   for g in cfg.groups)
+    return DeploymentFacts(model=cfg.model.name, kv_dtype=cfg.model.dtype, tokens_per_hash=cfg.cache.tokens_per_hash,
+                           blocks_per_chunk=spec.blocks_per_chunk, worker_bytes_per_block=cfg.worker_kv_bytes_per_block,
+                           groups=groups, row=row, copies=copies, kv_cache_layout=cfg.kv_cache_layout,
+                           canonical_family=canonical, revision=revision, pins=pins, layers=layers, source=source,
+                           replicated_kv_known=known)
+
+
+def derive_plans(spec: "OffloadingSpec", revision: str | None = None, **kw: Any) -> tuple[dict[int, RowPlan], DeploymentFacts]:
+    """One :class:`~kvformat.layout.RowPlan` per KV-cache group of ``spec`` and the facts behind them."""
+    facts = deployment_facts(spec, revision, **kw)
+    return plan_groups(facts), facts
+
+
+def derive_layout(spec: "OffloadingSpec", revision: str | None = None) -> tuple[CanonicalLayout, int, str]:
+    """The canonical layout of ``spec``'s first group, the slots per primary row and the row kind."""
+    plans, facts = derive_plans(spec, revision)
+    return plans[spec.config.groups[0].group_id].layout, facts.copies, facts.row
 
 
 class _Job:
@@ -196,8 +357,15 @@ class KVFormatTier(SecondaryTierManager):
                                        storage_options=storage_options, enable_kv_events=enable_kv_events,
                                        locality=locality)
         self.locality = Locality(locality) if locality is not None else None
-        self.layout, self.copies, self.row_kind = derive_layout(offloading_spec, model_revision)
+        self.plans, self.facts = derive_plans(offloading_spec, model_revision)
+        self.copies, self.row_kind = self.facts.copies, self.facts.row
+        if self.config.replica_policy == "trust_rank0" and self.copies > 1 and not self.facts.replicated_kv_known:
+            raise SchemaError("replica_policy", "trust_rank0 stores worker 0's slot unchecked, but nothing vLLM "
+                              "passed proves this model's KV is replicated on every worker (MLA); use \"verify\"")
+        first = offloading_spec.config.groups[0].group_id
+        self.layout = self.plans[first].layout  # the first group's (most deployments have one group)
         self.namespace = self.layout.namespace()
+        self._ns_group = {p.layout.namespace(): g for g, p in self.plans.items()}
         if "://" not in root or root.startswith("file://"):
             self.store = open_store(root, o_direct=o_direct)  # storage_options are for URL roots only
         else:
@@ -215,8 +383,12 @@ class KVFormatTier(SecondaryTierManager):
                           writer=f"kvformat {__version__} (vllm tier)")
         self._flat = primary_kv_view.cast("B")
         self.index = LRUIndex(self.config.max_bytes)
-        self.engine = RowEngine(self.store, self.layout, self._flat, self.block_size_bytes, self.copies,
-                                self.config, prov, self.index, self._on_removed)
+        self.engines = {}
+        for g, plan in self.plans.items():
+            shared = self.engines[first] if self.engines else None
+            self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
+                                        self.config, prov, self.index, self._on_removed, share=shared)
+        self.engine = self.engines[first]
         self._jobs_finished: list[JobResult] = []
         self._store_outcomes: list[list[tuple[OffloadKey, Any]]] = []
         self._finished_lock = threading.Lock()
@@ -229,32 +401,43 @@ class KVFormatTier(SecondaryTierManager):
         self._scan = threading.Thread(target=self.engine.scan, args=(self._stop,), name="kvformat_tier_scan",
                                       daemon=True)
         self._scan.start()
-        logger.info("KVFormatTier at %s: namespace %s, %s rows (%d slot(s) of %d bytes), max_bytes=%s",
-                    root, self.namespace, self.row_kind, self.copies, self.layout.payload_bytes,
-                    self.config.max_bytes)
+        for g, plan in self.plans.items():
+            logger.info("KVFormatTier at %s: group %d -> namespace %s, %s rows (%d slot(s)), %s, max_bytes=%s",
+                        root, g, plan.layout.namespace(), self.row_kind, self.copies, plan.describe(),
+                        self.config.max_bytes)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _hash(self, key: OffloadKey) -> str | None:
-        if get_offload_group_idx(key) != self.layout.group:
-            return None
-        return get_offload_block_hash(key).hex()
+    def _target(self, key: OffloadKey) -> tuple[RowEngine | None, str | None]:
+        """The engine of the key's KV-cache group and its block hash (None, None for a group not stored)."""
+        eng = self.engines.get(get_offload_group_idx(key))
+        if eng is None:
+            return None, None
+        return eng, get_offload_block_hash(key).hex()
 
     def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
-        hs = [self._hash(k) for k in keys]
-        valid = [h for h in hs if h is not None]
-        found = iter(self.engine.probe_many(valid)) if valid else iter(())
-        return [h is not None and next(found) for h in hs]
+        out = [False] * len(keys)
+        by_engine: dict[int, list[tuple[int, str]]] = {}
+        for i, k in enumerate(keys):
+            eng, h = self._target(k)
+            if eng is not None and h is not None:
+                by_engine.setdefault(id(eng), []).append((i, h))
+        for eng in self.engines.values():
+            todo = by_engine.get(id(eng))
+            if todo:
+                for (i, _), ok in zip(todo, eng.probe_many([h for _, h in todo])):
+                    out[i] = ok
+        return out
 
     def _on_removed(self, relpaths: list[str]) -> None:
         if self.events is None:
             return
         keys = []
-        prefix = self.namespace + "/"
         for rel in relpaths:
-            if rel.startswith(prefix) and rel.endswith(FILE_SUFFIX):
+            group = self._ns_group.get(rel.split("/", 1)[0])
+            if group is not None and rel.endswith(FILE_SUFFIX):
                 h = rel.rsplit("/", 1)[1][:-len(FILE_SUFFIX)]
                 try:
-                    keys.append(make_offload_key(bytes.fromhex(h), self.layout.group))
+                    keys.append(make_offload_key(bytes.fromhex(h), group))
                 except ValueError:
                     continue
         if keys:
@@ -289,24 +472,28 @@ class KVFormatTier(SecondaryTierManager):
             if not job.is_load:
                 self._store_outcomes.append(list(zip(job.keys, job.results)))
 
-    def _store_task(self, job: _Job, i: int, h: str | None, cid: int) -> Any:
+    def _store_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> Any:
+        eng, h = self._target(key)
+
         def run() -> None:
             outcome, n = "skipped", 0
             try:
-                if h is not None:
-                    outcome, n = self.engine.store_chunk(h, cid)
+                if eng is not None and h is not None:
+                    outcome, n = eng.store_chunk(h, cid)
             except Exception as e:  # OSError (ENOSPC …) or a bug: this chunk is not stored, the job fails
                 outcome = "error"
                 self.engine.warn_once(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
             self._finish(job, i, outcome, n)
         return run
 
-    def _load_task(self, job: _Job, i: int, h: str | None, cid: int) -> Any:
+    def _load_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> Any:
+        eng, h = self._target(key)
+
         def run() -> None:
             got = None
             try:
-                if h is not None:
-                    got = self.engine.load_chunk(h, cid)
+                if eng is not None and h is not None:
+                    got = eng.load_chunk(h, cid)
             except Exception as e:
                 self.engine.warn_once(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
             self._finish(job, i, got, got or 0)
@@ -317,10 +504,10 @@ class KVFormatTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        h = self._hash(key)
-        if h is None or key in self._failed:
+        eng, h = self._target(key)
+        if eng is None or h is None or key in self._failed:
             return LookupResult.MISS
-        rel = self.engine.relpath(h)
+        rel = eng.relpath(h)
         if rel in self.index:
             return LookupResult.HIT
         found = self._lookups.lookup(key, req_context)
@@ -330,9 +517,9 @@ class KVFormatTier(SecondaryTierManager):
 
     def touch(self, keys: Any, req_context: ReqContext) -> None:
         for key in keys:
-            h = self._hash(key)
-            if h is not None:
-                self.index.touch(self.engine.relpath(h))
+            eng, h = self._target(key)
+            if eng is not None and h is not None:
+                self.index.touch(eng.relpath(h))
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._submit(job_metadata, load=False)
@@ -349,7 +536,7 @@ class KVFormatTier(SecondaryTierManager):
             self._finish_empty(job)
             return
         task = self._load_task if load else self._store_task
-        self._pool.submit([task(job, i, self._hash(k), int(c)) for i, (k, c) in
+        self._pool.submit([task(job, i, k, int(c)) for i, (k, c) in
                            enumerate(zip(keys, job_metadata.chunk_ids))], load=load)
 
     def _finish_empty(self, job: _Job) -> None:
@@ -423,7 +610,8 @@ class KVFormatTier(SecondaryTierManager):
         self._scan.join()
         self._pool.shutdown()
         self._lookups.shutdown()
-        self.engine.close()
+        for eng in self.engines.values():
+            eng.close()
         self._flat.release()
 
 __all__ = ["KVFormatTier", "derive_layout", "METRIC_PREFIX"]

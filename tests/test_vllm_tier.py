@@ -250,13 +250,12 @@ def test_per_worker_slots_that_differ_are_not_stored(tmp_path):
         assert dep.load(keys, timeout=20) == {keys[0]: good, keys[1]: None}
 
 
-def test_trust_rank0_stores_worker0_slot(tmp_path):
-    with Deployment([kvf(tmp_path, replica_policy="trust_rank0")], tp=2, replicated=False, n_layers=N_LAYERS) as dep:
-        key = make_key("t0")
-        slots = [make_payload("w0", dep.slot_bytes), make_payload("w1", dep.slot_bytes)]
-        dep.store({key: slots})
-        dep.evict_primary()
-        assert dep.load([key]) == {key: slots[0]}
+def test_trust_rank0_without_proof_of_replicated_kv_is_refused(tmp_path):
+    # A hand-built OffloadingConfig (no vLLM KV-cache config in scope, per-worker rows): nothing proves the
+    # KV is replicated, so skipping the replica check is refused at start-up (tests/test_layout_models.py
+    # has the accepted case, with vLLM's per-layer MLA specs).
+    with pytest.raises(SchemaError, match="trust_rank0"):
+        Deployment([kvf(tmp_path, replica_policy="trust_rank0")], tp=2, replicated=False, n_layers=N_LAYERS)
 
 
 # -- capacity ------------------------------------------------------------------------------------------
@@ -416,8 +415,7 @@ def test_harness_drives_builtin_fs_tier(tmp_path):
 
 
 @pytest.mark.parametrize("kw,field", [({"pp": 2}, "parallel"), ({"dcp": 2}, "parallel"),
-                                      ({"extra_groups": [["model.layers.9.indexer"]]}, "groups"),
-                                      ({"worker_kv_bytes_per_block": 3 * 18432 + 1}, "worker_kv_bytes_per_block")])
+                                      ({"extra_groups": [["model.layers.9.indexer"]]}, "groups")])
 def test_deployments_the_tier_cannot_store_are_refused(tmp_path, kw, field):
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
     from vllm_harness import make_config
@@ -433,6 +431,12 @@ def test_deployments_the_tier_cannot_store_are_refused(tmp_path, kw, field):
     layout, copies, kind = derive_layout(ok, "rev1")
     assert (copies, kind, layout.revision, layout.layers[0].shape, layout.layers[0].dtype) == (
         2, "per_worker", "rev1", (16, 576), "BF16")
+    # Pages the rules cannot explain are stored opaque (never a made-up per-layer table), pinned to the row.
+    odd = TieringOffloadingSpec(make_config([kvf(tmp_path)], layer_names=["a", "b", "c"], tp=2,
+                                            worker_kv_bytes_per_block=3 * 18432 + 16))
+    layout, _, _ = derive_layout(odd)
+    assert [l.role for l in layout.layers] == ["opaque"]
+    assert layout.pins["row.worker_bytes_per_block"] == str(3 * 18432 + 16)
 
 
 def test_url_root_goes_through_the_store_interface(tmp_path):

@@ -20,6 +20,7 @@ import xxhash
 from .._format import encode_block
 from .._header import check_layout
 from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
+from ..layout import RowPlan
 from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
 from ..storage import Store
 from ._config import TierConfig
@@ -63,23 +64,30 @@ class Counters:
 class RowEngine:
     """Moves chunks between the primary rows and a Store, keeping the LRU index and counters."""
 
-    def __init__(self, store: Store, layout: CanonicalLayout, flat: memoryview, stride: int, copies: int,
+    def __init__(self, store: Store, plan: RowPlan | CanonicalLayout, flat: memoryview, stride: int, copies: int,
                  cfg: TierConfig, provenance: Provenance, index: LRUIndex,
-                 on_removed: Callable[[list[str]], None]) -> None:
+                 on_removed: Callable[[list[str]], None], share: "RowEngine | None" = None) -> None:
+        if isinstance(plan, CanonicalLayout):  # a payload that is the whole slot, as stored
+            n = plan.payload_bytes
+            plan = RowPlan(plan, n, ((0, 0, n, 1, n, n),), "layer_outer", "payload")
         self.store = store
-        self.layout = layout
+        self.plan = plan
+        self.layout = layout = plan.layout
         self.ns = layout.namespace()
         self.flat = flat
         self.stride = stride
         self.copies = copies
-        self.slot = layout.payload_bytes
+        self.slot = plan.slot_bytes  # one worker's slot in the row
+        self.payload_bytes = layout.payload_bytes
         self.cfg = cfg
         self.provenance = provenance
         self.index = index
         self.on_removed = on_removed
-        self.counters = Counters()
-        self._warned: set[str] = set()
-        self._warn_lock = threading.Lock()
+        # Engines of one tier (one per KV-cache group) share counters and log-once state.
+        self.counters = share.counters if share is not None else Counters()
+        self._warned: set[str] = share._warned if share is not None else set()
+        self._warn_lock = share._warn_lock if share is not None else threading.Lock()
+        self._scratch = threading.local()
         if copies * self.slot > stride:
             raise ValueError(f"{copies} slots of {self.slot} bytes do not fit a primary row of {stride} bytes")
         # The fan-out copies with ctypes.memmove: it releases the GIL (fan-outs of several loads run on
@@ -141,10 +149,10 @@ class RowEngine:
             self.counters.add(dedup_saved_bytes=self.copies * self.slot)
             return EXISTS, 0
         base = chunk_id * self.stride
-        payload = self.flat[base:base + self.slot]
+        payload = self._payload_of(base)
         digests: list[int] | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify":
-            digests = [xxhash.xxh3_64_intdigest(self.flat[base + r * self.slot:base + (r + 1) * self.slot])
+            digests = [xxhash.xxh3_64_intdigest(payload if r == 0 else self._payload_of(base + r * self.slot, 1))
                        for r in range(self.copies)]
             if len(set(digests)) != 1:
                 err = ReplicaMismatchError([f"{d:016x}" for d in digests])
@@ -177,6 +185,21 @@ class RowEngine:
                 self.counters.add(dedup_saved_bytes=self.copies * self.slot)
                 return EXISTS, 0
         return FAILED, 0
+
+    def _buffer(self, i: int) -> memoryview:
+        bufs = getattr(self._scratch, "bufs", None)
+        if bufs is None:
+            bufs = self._scratch.bufs = [memoryview(bytearray(self.payload_bytes)) for _ in range(2)]
+        return bufs[i]
+
+    def _payload_of(self, slot_base: int, scratch: int = 0) -> memoryview:
+        """The canonical payload of the slot at ``slot_base``: a view of the row when the plan keeps it
+        contiguous, else gathered into a per-thread scratch buffer (block-outer or multi-group rows)."""
+        if self.plan.contiguous:
+            return self.flat[slot_base:slot_base + self.payload_bytes]
+        out = self._buffer(scratch)
+        self.plan.gather(self.flat[slot_base:slot_base + self.slot], out)
+        return out
 
     def _check_existing(self, rel: str, key: BlockKey) -> int | None:
         """Size of a valid existing file; None after quarantining an invalid one (or if it vanished)."""
@@ -211,7 +234,7 @@ class RowEngine:
         base = chunk_id * self.stride
         self.index.pin(rel)
         try:
-            dst = self.flat[base:base + self.slot]
+            dst = self.flat[base:base + self.payload_bytes] if self.plan.contiguous else self._buffer(0)
             try:
                 hdr = self.store.read_into(rel, dst, expect=self.layout, key=BlockKey(h, self.layout.group),
                                            verify=self.cfg.verify)
@@ -228,10 +251,13 @@ class RowEngine:
                 self.counters.add(io_errors=1)
                 self.warn_once(f"OSError{e.errno}", "kvformat tier: reading %s failed: %s; served as a miss", rel, e)
                 return None
-            if self._arr is not None:
+            if not self.plan.contiguous:
+                for r in range(self.copies):
+                    self.plan.scatter(dst, self.flat[base + r * self.slot:base + (r + 1) * self.slot])
+            elif self._arr is not None:
                 src = self._addr + base
                 for r in range(1, self.copies):
-                    ctypes.memmove(src + r * self.slot, src, self.slot)
+                    ctypes.memmove(src + r * self.slot, src, self.payload_bytes)
             if not self.index.touch(rel):
                 self.index.add(rel, hdr.file_bytes)
                 self.delete_victims(self.index.victims())
