@@ -34,8 +34,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ._header import xxh3_hex
 from ._io import UnsafeFileError, is_regular_file, read_small_file, write_atomic
-from ._spec import DTYPE_SIZES, BlockKey, CanonicalLayout, LayerSpec, Provenance, st_dtype_for
-from .errors import LegacyLayoutError, ReplicaMismatchError
+from ._spec import BlockKey, CanonicalLayout, Provenance
+from .errors import LegacyLayoutError, ReplicaMismatchError, SchemaError
+from .layout import DeploymentFacts, GroupFacts, formula_layer, plan_groups
 
 __all__ = [
     "ROW_ALIGN", "LegacyNamespace", "LegacyFile", "RowLayout", "Ignored", "find_namespaces", "is_legacy_root",
@@ -48,13 +49,6 @@ _BASE_RE = re.compile(r"^(?P<model>.+)_(?P<digest>[0-9a-f]{12})$")
 _RANK_RE = re.compile(r"^(?P<base>.+_[0-9a-f]{12})_r(?P<rank>[0-9]+)$")
 _HASH_RE = re.compile(r"^[0-9a-f]{2,128}$")
 _GROUP_RE = re.compile(r"^(?P<hh>[0-9a-f]{2})_g(?P<group>[0-9]+)$")
-# Latent widths (elements per token) of shipped MLA models: DeepSeek V2/V3/R1, Kimi K2 (512 + 64 rope),
-# MiniCPM3 (256 + 32). Used only to break ties when several page sizes fit a padded row.
-KNOWN_MLA_WIDTHS = (576, 288)
-_PACKED_WIDTH_BYTES = {"fp8_ds_mla": (656,)}  # bytes per token of packed formats
-_LEGACY_ITEMSIZE = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
-                    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": 1}
-
 try:  # memcmp releases the GIL and stops at the first difference; memoryview == is ~50x slower
     _memcmp = ctypes.CDLL(None).memcmp
     _memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -325,12 +319,16 @@ def _dir_ok(e: os.DirEntry[str], root_real: str, skip: Any) -> bool:
 
 
 # -- row layout ---------------------------------------------------------------------------------------
-def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: int | None = None) -> RowLayout:
+def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: int | None = None,
+              kv_cache_layout: str = "LBNHC") -> RowLayout:
     """The row layout of a ``file_size``-byte file of ``group``, from config.json and the size.
 
-    Unknowns are the per-layer page size and the padding: ``row = round_up(n_layers * page * bpf * copies,
-    4096)``. When several page sizes fit (small models, padded rows), a known MLA latent width breaks
-    the tie; otherwise ``page_bytes`` (CLI ``--page-bytes``) must say.
+    Unknowns are the bytes per block and the padding: ``row = round_up(bytes_per_block * bpf * copies,
+    4096)``; each candidate goes through :mod:`kvformat.layout` (the tier's own rule: uniform MLA pages,
+    the DSA formulas), so a compacted file names the tier's namespace. When several sizes fit (small
+    models, padded rows), a format the model knows exactly breaks the tie; otherwise ``page_bytes`` (CLI
+    ``--page-bytes``, one layer's page of a uniform model) must say. config.json does not record the KV
+    cache layout: ``kv_cache_layout`` is the writer's (vLLM's default layer-outer ``LBNHC`` unless told).
 
     Raises LegacyLayoutError (``hint`` names the CLI flag when a hint would resolve it).
     """
@@ -356,55 +354,53 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         raise LegacyLayoutError(
             f"canonical rows ({ns.canonical_format}) are not supported: where the canonical pages sit in the row "
             "depends on the writer's worker count, which config.json does not record", path=where)
-    dtype = ns.dtype
     bpf = ns.blocks_per_file
     kind = "replicated" if ns.replicated else "per_worker"
     copies = 1 if kind != "per_worker" else par["tp"]
-    unit = len(names) * bpf * copies  # bytes of the row per byte of page
+    unit = bpf * copies  # row bytes per byte of worker_kv_bytes_per_block (before the 4096 padding)
     if page_bytes is not None:
-        pages = [page_bytes] if _round_up(page_bytes * unit) == file_size else []
-        if not pages:
+        # The hint is one layer's page of a uniform model (what --page-bytes has always meant).
+        cands = [page_bytes * len(names)]
+        if _round_up(cands[0] * unit) != file_size:
             raise LegacyLayoutError(
-                f"--page-bytes {page_bytes} gives a {_round_up(page_bytes * unit)}-byte row, the file has {file_size}")
+                f"--page-bytes {page_bytes} gives a {_round_up(cands[0] * unit)}-byte row, the file has {file_size}")
     else:
         if file_size <= 0 or file_size % ROW_ALIGN:
             raise LegacyLayoutError(f"size {file_size} is not a multiple of {ROW_ALIGN}: fits no row layout")
-        step = tpb  # a page holds tokens_per_block tokens of whole bytes
         lo = (file_size - ROW_ALIGN) // unit + 1
         hi = file_size // unit
-        pages = [p for p in range(-(-lo // step) * step, hi + 1, step) if p > 0]
-        if len(pages) > 1:
-            known = [w * tpb * _LEGACY_ITEMSIZE.get(dtype, 1) for w in KNOWN_MLA_WIDTHS]
-            known += [w * tpb for w in _PACKED_WIDTH_BYTES.get(dtype, ())]
-            pick = [p for p in pages if p in known]
-            if len(pick) != 1:
-                raise LegacyLayoutError(
-                    f"{len(pages)} page sizes fit a {file_size}-byte row of {len(names)} layers x {bpf} blocks x "
-                    f"{copies} slots ({pages[0]}..{pages[-1]} bytes)", hint="--page-bytes", path=where)
-            pages = pick
-        if not pages:
-            raise LegacyLayoutError(f"size {file_size} fits no row of {len(names)} layers x {bpf} blocks x "
-                                    f"{copies} slots")
-    page = pages[0]
-    layout = _canonical_layout(ns, group, names, tpb, page)
-    return RowLayout(kind=kind, copies=copies, page_bytes=page, slot_bytes=page * len(names) * bpf,
-                     row_bytes=file_size, layout=layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
+        cands = [w for w in range(-(-lo // tpb) * tpb, hi + 1, tpb) if w > 0]
+    # The same layout model as the tier (kvformat.layout), fed what config.json says plus a candidate
+    # bytes-per-block: a legacy row compacts to exactly the file the tier writes for that deployment.
+    plans = []
+    for w in cands:
+        facts = DeploymentFacts(model=ns.model, kv_dtype=ns.dtype, tokens_per_hash=ns.tokens_per_hash or tpb,
+                                blocks_per_chunk=bpf, worker_bytes_per_block=w,
+                                groups=(GroupFacts(group, tpb, tuple(names)),), row=kind, copies=copies,
+                                kv_cache_layout=kv_cache_layout, source="legacy config.json + file size")
+        try:
+            plan = plan_groups(facts)[group]
+        except SchemaError as e:
+            raise LegacyLayoutError(e.message, path=where) from None
+        if plan.order != "opaque":
+            plans.append((w, plan))
+    if len(plans) > 1:
+        # Several sizes fit a padded row: only formats the model knows exactly break the tie.
+        known = [(w, p) for w, p in plans if all(formula_layer(l.name, l.role, ns.dtype, tpb, l.page_bytes)
+                                                 for l in p.layout.layers)]
+        if len(known) != 1:
+            pages = [w // len(names) for w, _ in plans]
+            raise LegacyLayoutError(
+                f"{len(plans)} page sizes fit a {file_size}-byte row of {len(names)} layers x {bpf} blocks x "
+                f"{copies} slots ({pages[0]}..{pages[-1]} bytes)", hint="--page-bytes", path=where)
+        plans = known
+    if not plans:
+        raise LegacyLayoutError(f"size {file_size} fits no row of {len(names)} layers x {bpf} blocks x "
+                                f"{copies} slots that kvformat can describe layer by layer")
+    w, plan = plans[0]
+    return RowLayout(kind=kind, copies=copies, page_bytes=plan.layout.layers[0].page_bytes, slot_bytes=w * bpf,
+                     row_bytes=file_size, layout=plan.layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
                      parallel=par)
-
-
-def _canonical_layout(ns: LegacyNamespace, group: int, names: list[str], tpb: int, page: int) -> CanonicalLayout:
-    # Must name the same namespace as kvformat.vllm.derive_layout for the same deployment: same dtype
-    # choice (U8 when the page is not whole elements), same family for vLLM's canonical byte format.
-    st = st_dtype_for(ns.dtype)
-    item = DTYPE_SIZES[st]
-    if page % (tpb * item):
-        st, item = "U8", 1
-        if page % tpb:
-            raise LegacyLayoutError(f"a {page}-byte page does not split into {tpb} tokens", hint="--page-bytes")
-    layers = tuple(LayerSpec(n, st, (tpb, page // (tpb * item))) for n in names)
-    family = f"mla+{ns.canonical_format}" if ns.canonical_format else "mla"
-    return CanonicalLayout(model=ns.model, kv_dtype=ns.dtype, tokens_per_block=tpb, blocks_per_chunk=ns.blocks_per_file,
-                           tokens_per_hash=ns.tokens_per_hash or tpb, layers=layers, family=family, group=group)
 
 
 def _addr(buf: memoryview) -> int:

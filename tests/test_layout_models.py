@@ -167,3 +167,24 @@ def test_without_vllms_kv_config_dsa_falls_back_to_formulas_or_opaque(tmp_path):
     odd = dataclasses.replace(ocfg, worker_kv_bytes_per_block=ocfg.worker_kv_bytes_per_block + 64 * 3)
     plans, _ = derive_plans(TieringOffloadingSpec(odd))
     assert [l.role for l in plans[0].layout.layers] == ["opaque"] and plans[0].layout.pins["opaque"] == "v1"
+
+
+@pytest.mark.parametrize("row", ["per_worker", "replicated"])
+def test_legacy_dsa_tree_from_vllms_fs_tier_compacts_to_the_tiers_files(tmp_path, row):
+    from vllm_harness import fs_tier
+
+    from kvformat._cli import main
+
+    legacy, out = tmp_path / "legacy", tmp_path / "kvf"
+    keys = make_keys(2, f"legacy-dsa-{row}")
+    with ModelDeployment("deepseek-v3.2-fp8", [fs_tier(str(legacy))], tp=2, row=row, n_layers=3) as w:
+        w.store(dict(zip(keys, ["l0", "l1"])))
+        expected = {k: w.expected(s) for k, s in zip(keys, ["l0", "l1"])}
+    assert main(["compact", str(legacy), str(out)]) == 0
+    with ModelDeployment("deepseek-v3.2-fp8", [kvf(out)], tp=1, n_layers=3) as r:
+        ns = r.tier().namespace
+        assert {os.path.relpath(p, out).split("/")[0] for p in files(out)} == {ns}
+        for p in files(out):
+            layers = safetensors_layers(p)
+            assert layers in expected.values()
+        assert r.load(keys) == expected
