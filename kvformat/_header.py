@@ -13,7 +13,7 @@ import xxhash
 from ._spec import (
     ALIGNMENT, CODECS, DTYPE_SIZES, FORMAT_MAJOR, HEADER_PREFIX, HEX64_LEN, HEX64_ZERO,
     HXXH3_FIELD, LENGTH_BYTES, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, ZSTD_TENSOR, BlockHeader,
-    BlockKey, CanonicalLayout, LayerSpec, Provenance, parse_hex, parse_name, parse_uint, with_roles,
+    OPAQUE_LAYER, BlockKey, CanonicalLayout, LayerSpec, Provenance, parse_hex, parse_name, parse_uint, with_roles,
 )
 from .errors import (
     ChecksumError, HeaderError, InvalidJSONError, KVFormatError, NotKVFormatError, OversizedHeaderError, SchemaError,
@@ -340,7 +340,8 @@ def _layers_from_key(layers_key: Any) -> tuple[LayerSpec, ...]:
 
 @functools.lru_cache(maxsize=64)
 def _layers(items: tuple[tuple[Any, Any, tuple[Any, ...]], ...]) -> tuple[LayerSpec, ...]:
-    return tuple(LayerSpec(n, d, s) for n, d, s in items)
+    # The one reserved name a layer may have is an opaque region's; kvf.roles must then confirm it.
+    return tuple(LayerSpec(n, d, s, role="opaque" if n == OPAQUE_LAYER else "mla") for n, d, s in items)
 
 
 def _json_field(name: str, text: str | None, kind: type) -> Any:
@@ -360,6 +361,8 @@ def _layout(layers_key: Any, roles: str | None = None, pins: str | None = None, 
     # Files of one deployment share one layout: build and validate it once, not per file.
     layers = _layers_from_key(layers_key)
     role_list = _json_field("kvf.roles", roles, list)
+    if role_list is None and any(l.role == "opaque" for l in layers):
+        raise SchemaError("layer.name", f"reserved name {OPAQUE_LAYER!r} without kvf.roles")  # F-4.11
     if role_list is not None:
         layers = with_roles(layers, role_list, kw["kv_dtype"])  # F-4.13
     pin_map = _json_field("kvf.pins", pins, dict)

@@ -114,6 +114,17 @@ def base() -> tuple[bytes, K.CanonicalLayout, K.BlockKey, bytes]:
     return file_bytes(pay, L, key, _prov(tp=2, row="replicated")), L, key, pay
 
 
+def dsa_layout(**kw: Any) -> K.CanonicalLayout:
+    """2 DSA layers: fp8_ds_mla latents (656 B/token) and indexer caches (132 B/token), 4 tokens each."""
+    layers = []
+    for i in range(2):
+        layers.append(K.LayerSpec(f"model.layers.{i}.self_attn.attn", "U8", (4, 656)))
+        layers.append(K.LayerSpec(f"model.layers.{i}.self_attn.indexer.k_cache", "U8", (4, 132), role="dsa_indexer",
+                                  kv_dtype="dsa_indexer_fp8"))
+    return K.CanonicalLayout(model="deepseek-ai/DeepSeek-V3.2", kv_dtype="fp8_ds_mla", tokens_per_block=4,
+                             blocks_per_chunk=1, tokens_per_hash=4, layers=tuple(layers), **kw)
+
+
 def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
     """name -> (file bytes, decoded payload, layout)."""
     out: dict[str, tuple[bytes, bytes, K.CanonicalLayout]] = {}
@@ -140,6 +151,16 @@ def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
     Lz = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(4), 16, 128)
     zpay = bytes(np.random.default_rng(6).integers(0, 4, Lz.payload_bytes, dtype=np.uint8))  # compressible
     add("zstd-bf16-4layers", Lz, K.BlockKey("f6" * 16), _prov(tp=2, row="replicated"), 6, codec="zstd", payload=zpay)
+    # §4.3 (1.1): a DSA chunk (DeepSeek-V3.2 / GLM-5): MLA latents and indexer caches interleaved, each
+    # layer with its own dtype, shape and role.
+    out_dsa = dsa_layout()
+    add("dsa-fp8-mla-indexer-1.1", out_dsa, K.BlockKey("a7" * 16), _prov(tp=8, row="replicated"), 7)
+    # §4.3 (1.1): an opaque region, its row order pinned in kvf.pins.
+    Lo = K.CanonicalLayout(model="test/opaque", kv_dtype="bfloat16", tokens_per_block=4, blocks_per_chunk=2,
+                           tokens_per_hash=4, layers=(K.LayerSpec("kvf.opaque", "U8", (96,), role="opaque"),),
+                           pins={"opaque": "v1", "row.kv_cache_layout": "BLHNC", "row.worker_bytes_per_block": "96",
+                                 "row.layers_sha256": "00" * 32})
+    add("opaque-region-1.1", Lo, K.BlockKey("a8" * 16), _prov(row="per_worker"), 8)
     # §7: a newer minor with keys this reader does not know: accepted, keys kept in BlockHeader.extra.
     f, L, key, pay = base()
     doc, data = split(f)
@@ -291,6 +312,44 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
         field="tokens_per_hash", expect_layout=other.to_dict())
     add("key-mismatch", f, "LayoutMismatchError", "F-9.2", "valid file; the reader expects another block key",
         field="key", expect_key={"hash": "ff" * 16, "group": 0})
+    # §4.3 roles (1.1), forged from a valid DSA file
+    Ld = dsa_layout()
+    dkey = K.BlockKey("a7" * 16)
+    df = file_bytes(_payload(Ld.payload_bytes, 9), Ld, dkey, _prov(tp=8, row="replicated"))
+    droles = json.loads(split(df)[0]["__metadata__"]["kvf.roles"])
+    add("roles-wrong-length", with_meta(df, kvf__roles=json.dumps(droles[:3])), "SchemaError", "F-4.13",
+        "kvf.roles lists 3 roles for 4 tensors", field="kvf.roles")
+    bad = [list(r) for r in droles]
+    bad[1][0] = "gqa"
+    add("roles-unknown-role", with_meta(df, kvf__roles=json.dumps(bad)), "SchemaError", "F-4.13",
+        "a role that is not mla, dsa_indexer or opaque", field="kvf.roles")
+    fb2, _, L2 = valid_vectors()["bf16-2layers"]
+    add("roles-all-default", with_meta(fb2, kvf__roles=json.dumps([["mla", "bfloat16"]] * 2), kvformat="1.1"),
+        "SchemaError", "F-4.13", "kvf.roles present but every layer is a plain mla latent of kvf.kv_dtype",
+        field="kvf.roles")
+    odoc, odata = split(valid_vectors()["opaque-region-1.1"][0])
+    odoc["__metadata__"]["kvf.roles"] = json.dumps([["opaque", "bfloat16"], ["mla", "bfloat16"]])
+    half = len(odata) // 2
+    odoc["kvf.opaque"] = {"dtype": "U8", "shape": [2, half // 2], "data_offsets": [0, half]}
+    odoc["model.layers.0.self_attn.attn"] = {"dtype": "U8", "shape": [2, 4, half // 8], "data_offsets": [half, 2 * half]}
+    add("opaque-with-another-layer", forge(odoc, odata), "SchemaError", "F-4.14",
+        "an opaque region beside another layer", field="kvf.roles")
+    add("pins-not-strings", with_meta(valid_vectors()["opaque-region-1.1"][0], kvf__pins='{"opaque": 1}'),
+        "SchemaError", "F-4.15", "a kvf.pins value that is not a string", field="kvf.pins")
+    # F-9.1 on DSA: what dividing the total by the layer count gives (4 equal layers) is not this file
+    equal = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3.2", "fp8_ds_mla", [l.name for l in Ld.layers], 4,
+                                      (656 + 132) // 2)
+    add("dsa-wrong-layer-table", df, "LayoutMismatchError", "F-9.1",
+        "valid DSA file; the reader expects the arithmetic table (4 equal layers)", field="layers[0]",
+        expect_layout=equal.to_dict())
+    swapped = list(Ld.layers)
+    swapped[1] = K.LayerSpec(swapped[1].name, "U8", (4, 132), role="mla", kv_dtype="fp8_ds_mla")
+    wrong_role = K.CanonicalLayout(**{**{k: getattr(Ld, k) for k in ("model", "kv_dtype", "tokens_per_block",
+                                                                      "blocks_per_chunk", "tokens_per_hash")},
+                                      "layers": tuple(swapped)})
+    add("dsa-role-mismatch", df, "LayoutMismatchError", "F-9.1",
+        "valid DSA file; the reader expects its indexer layer to be an MLA latent", field="layers[1].role",
+        expect_layout=wrong_role.to_dict())
     return v
 
 
