@@ -25,9 +25,25 @@ def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
     if isinstance(payload, Mapping):  # {layer name: tensor}, assembled in layout order
         import torch
 
+        # Each layer is checked on its own: a matching total can hide fp16 data under a bf16 layout,
+        # or one layer two pages long next to an empty one.
+        names = [l.name for l in layout.layers]
+        extra = sorted(set(payload) - set(names), key=str)
+        if extra:
+            raise LayoutMismatchError("layers", names, [*names, *extra])
         parts = []
         for l in layout.layers:
+            if l.name not in payload:
+                raise LayoutMismatchError(f"layer {l.name}", "a tensor", "missing")
             t = payload[l.name]
+            want = getattr(torch, _TORCH_DTYPES[l.dtype])
+            if not isinstance(t, torch.Tensor):
+                raise LayoutMismatchError(f"layer {l.name}", "a tensor", type(t).__name__)
+            if t.dtype != want:
+                raise LayoutMismatchError(f"layer {l.name} dtype", str(want), str(t.dtype))
+            shape = [layout.blocks_per_chunk, *l.shape]
+            if list(t.shape) != shape:
+                raise LayoutMismatchError(f"layer {l.name} shape", shape, list(t.shape))
             parts.append(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8))
         return torch.cat(parts)
     return payload
@@ -452,14 +468,21 @@ _TORCH_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U
 
 
 def tensors_from_payload(buf: Any, layout: CanonicalLayout) -> dict[str, Any]:
-    """Views (no copy) of a payload tensor as one tensor per layer."""
+    """One tensor per layer: a view of ``buf`` where the layer's offset suits its dtype, else a copy.
+
+    Layers of mixed dtypes can start at offsets that are not a multiple of a later layer's element
+    size (a U8 layer of odd length before an F32 one); torch cannot view such bytes, so they are copied.
+    """
     import torch
 
     flat = buf if isinstance(buf, torch.Tensor) else torch.frombuffer(buf, dtype=torch.uint8)
     out = {}
     for l, off, n in zip(layout.layers, layout.layer_offsets, layout.chunk_bytes_per_layer):
-        t = flat[off:off + n].view(getattr(torch, _TORCH_DTYPES[l.dtype]))
-        out[l.name] = t.reshape(layout.blocks_per_chunk, *l.shape)
+        dt = getattr(torch, _TORCH_DTYPES[l.dtype])
+        raw = flat[off:off + n]
+        if raw.storage_offset() % dt.itemsize:  # the condition torch.Tensor.view(dtype) imposes
+            raw = raw.clone()  # a fresh allocation is aligned for every dtype
+        out[l.name] = raw.view(dt).reshape(layout.blocks_per_chunk, *l.shape)
     return out
 
 
