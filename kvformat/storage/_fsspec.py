@@ -438,6 +438,8 @@ class FsspecStore(Store):
                     await s3_touch(self._fs, path)
                     return
                 if not self.atomic_put:
+                    if await self._a_head(path) is None:  # touch() would create an empty file
+                        return
                     try:
                         await self._afs._touch(path, truncate=False)
                         return
