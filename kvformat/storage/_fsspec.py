@@ -35,6 +35,7 @@ from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
 from ..errors import KVFormatError
 from ._base import Store, StoreEntry
 from ._batch import BatchRunner
+from ._exists import ExistsCache
 from ._redact import Redactor, redact_url
 from ._s3 import S3_PROTOCOLS, is_s3, s3_close, s3_head, s3_options, s3_touch
 
@@ -114,7 +115,7 @@ class FsspecStore(Store):
                                     read_timeout_s=read_timeout_s)
         self.root = redact_url(url.rstrip("/"))
         self.stats = {"requests": 0, "retries": 0, "errors": 0, "timeouts": 0}
-        self._known: dict[str, tuple[bool, float]] = {}  # relpath -> (exists, monotonic time of the answer)
+        self._exists = ExistsCache(self.exists_cache_s, self.missing_cache_s)
         self._connect()
         self.atomic_put = (self.protocol in _OBJECT_STORES) if atomic_put is None else bool(atomic_put)
         self.exclusive_create = self.atomic_put
@@ -144,8 +145,7 @@ class FsspecStore(Store):
         self._runner = BatchRunner(loop, timeout_s=self.timeout_s, max_retries=self.max_retries,
                                    max_in_flight=self.max_in_flight, redact=self._redact, stats=self.stats)
         self._loop = loop
-        self._known_lock = threading.Lock()  # a new lock: the parent's may have been held at fork time
-        self._pending_exists: set[str] = set()
+        self._exists.after_fork()
         self._pid = os.getpid()
 
     def _live(self) -> None:
@@ -182,27 +182,14 @@ class FsspecStore(Store):
         return [self._where(r) for r in rels]
 
     def _noted(self, relpath: str, present: bool) -> None:
-        with self._known_lock:
-            self._known[relpath] = (present, time.monotonic())
-
-    _remember = _noted
+        self._exists.note(relpath, present)
 
     def _cached(self, relpath: str) -> bool | None:
-        with self._known_lock:
-            v = self._known.get(relpath)
-        if v is None:
-            return None
-        present, at = v
-        return present if time.monotonic() - at < (self.exists_cache_s if present else self.missing_cache_s) else None
+        return self._exists.get(relpath)
 
     def forget(self, relpaths: Iterable[str] | None = None) -> None:
         """Drop cached existence answers (all of them by default), e.g. after another host ran gc."""
-        with self._known_lock:
-            if relpaths is None:
-                self._known.clear()
-            else:
-                for r in relpaths:
-                    self._known.pop(r, None)
+        self._exists.forget(relpaths)
 
     # -- async requests -----------------------------------------------------------------------------
     async def _a_head(self, path: str) -> dict[str, Any] | None:
@@ -382,9 +369,7 @@ class FsspecStore(Store):
         self._live()
         rels = list(relpaths)
         out = [self._cached(r) for r in rels]
-        with self._known_lock:
-            ask = [r for r, v in zip(rels, out) if v is None and r not in self._pending_exists]
-            self._pending_exists.update(ask)
+        ask = self._exists.claim([r for r, v in zip(rels, out) if v is None])
         if ask:
             for r in ask:
                 self._check(r)
@@ -401,8 +386,7 @@ class FsspecStore(Store):
                     except Exception:
                         self._noted(rel, False)  # failed lookups read as misses until missing_cache_s passes
                     finally:
-                        with self._known_lock:
-                            self._pending_exists.discard(rel)
+                        self._exists.release(rel)
 
                 await asyncio.gather(*(one(r) for r in ask))
 

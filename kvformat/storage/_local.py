@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
 from typing import Any, Iterator, Sequence
 
@@ -28,6 +29,7 @@ class LocalStore(Store):
         self.root = os.path.abspath(root)
         self.o_direct = o_direct
         self.stats = {"o_direct_bytes": 0}
+        self._stats_lock = threading.Lock()  # reader threads add to stats concurrently
         os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -49,7 +51,7 @@ class LocalStore(Store):
         direct = self.o_direct != "off" and not head_only
         for i, rel in enumerate(relpaths):
             try:
-                src = _CountingSource(self._abs(rel), self.stats, o_direct=direct)
+                src = _CountingSource(self._abs(rel), self, o_direct=direct)
             except (OSError, KVFormatError) as e:
                 yield i, e
                 continue
@@ -163,11 +165,12 @@ def scan_entries(root: str, rel_prefix: str = "") -> Iterator[StoreEntry]:
 class _CountingSource(FileSource):
     """A FileSource that adds its O_DIRECT bytes to the store's stats when closed."""
 
-    def __init__(self, path: str, stats: dict[str, int], *, o_direct: bool) -> None:
+    def __init__(self, path: str, store: LocalStore, *, o_direct: bool) -> None:
         super().__init__(path, o_direct=o_direct)
-        self._stats = stats
+        self._store = store
 
     def close(self) -> None:
-        if self.fd >= 0:
-            self._stats["o_direct_bytes"] += self.direct_bytes
+        if self.fd >= 0 and self.direct_bytes:
+            with self._store._stats_lock:
+                self._store.stats["o_direct_bytes"] += self.direct_bytes
         super().close()
