@@ -6,6 +6,7 @@ it was asked to publish.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import pytest
@@ -43,6 +44,11 @@ class _RacingStager(Stager):
         super()._check_unchanged(chunk, epoch)
 
 
+def _republish(ranks: tuple[Stager, ...], block_ids: list[int]) -> None:
+    for st in ranks:  # the collective stage_out of new blocks into chunk 0
+        st.stage_out(block_ids, 0)
+
+
 def test_stager_save_never_publishes_a_republished_slot(tmp_path) -> None:
     L = _layout()
     store = _RecordingStore(str(tmp_path))
@@ -52,7 +58,7 @@ def test_stager_save_never_publishes_a_republished_slot(tmp_path) -> None:
         other = Stager(rows[1], _kv(2), L, timeout_s=5)
         w = _RacingStager(rows[0], _kv(), L, timeout_s=5)
         assert w.stage_out(ids[0], 0) and not other.stage_out(ids[0], 0)
-        w.race = lambda: (w.stage_out(ids[1], 0), other.stage_out(ids[1], 0))  # the slot is reused mid-save
+        w.race = functools.partial(_republish, (w, other), ids[1])  # the slot is reused mid-save
         with pytest.raises(StagingConflictError):
             w.save(0, _key(0), store, all_ranks=True)
         assert store.puts == [] and store.deletes == []  # nothing was ever visible, nothing to take back
