@@ -10,11 +10,13 @@ deadlines, retries, error translation), ``_redact`` (credentials out of reprs, l
 is ``kvformat.testing.StoreTests``.
 """
 
+from typing import Any
+
 from ._base import Store, StoreEntry
 from ._local import LocalStore
 
 
-def open_store(root: str, **storage_options: object) -> Store:
+def open_store(root: str, **storage_options: Any) -> Store:
     """A store for a plain path, ``file://`` URL, or any fsspec URL.
 
     Parameters

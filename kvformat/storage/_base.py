@@ -17,6 +17,7 @@ before an asynchronous backend may outlive the caller. A backend implements only
 
 from __future__ import annotations
 
+import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import abc
 import json
 from dataclasses import dataclass
@@ -78,11 +79,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool, fsync: bool,
-                  timeout_s: float | None) -> list[bool | BaseException]:
+                  timeout_s: float | None) -> builtins.list[bool | BaseException]:
         """Atomically write each item's parts; per item True, False (existed) or the exception."""
 
     @abc.abstractmethod
-    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> list[bool | BaseException]:
+    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
         """Remove each path; per item True, False (absent) or the exception."""
 
     @abc.abstractmethod
@@ -90,7 +91,7 @@ class Store(abc.ABC):
         """Move one file to a new relpath (replacing one there); False if ``src`` is gone."""
 
     @abc.abstractmethod
-    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> list[bool]:
+    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
         """Whether each path is a stored file (a failed lookup reads as absent: a miss, never a false hit)."""
 
     @abc.abstractmethod
@@ -148,7 +149,7 @@ class Store(abc.ABC):
 
     def read_many_into(self, items: Sequence[tuple[str, Any, BlockKey | None]], *,
                        expect: CanonicalLayout | None = None, verify: bool = True,
-                       timeout_s: float | None = None) -> list[BlockHeader | BaseException]:
+                       timeout_s: float | None = None) -> builtins.list[BlockHeader | BaseException]:
         """Read many files, each into its ``out`` (concurrently where the backend can).
 
         Per item the header or the exception (KVFormatError with ``path`` set, OSError, or ValueError
@@ -158,7 +159,7 @@ class Store(abc.ABC):
         rels = [r for r, _, _ in items]
         for r in rels:
             self._check(r)
-        res: list[BlockHeader | BaseException | None] = [None] * len(items)
+        res: builtins.list[BlockHeader | BaseException | None] = [None] * len(items)
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
             res[i] = self._one(rel, src, lambda s: read_payload_from(s, out, expect=expect, key=key, verify=verify))
@@ -172,13 +173,13 @@ class Store(abc.ABC):
         return r
 
     def read_headers_many(self, relpaths: Iterable[str], *, verify: bool = True,
-                          timeout_s: float | None = None) -> list[BlockHeader | BaseException]:
+                          timeout_s: float | None = None) -> builtins.list[BlockHeader | BaseException]:
         """Headers of many files; per item the header or the error (KVFormatError or OSError) it raised."""
         self._live()
         rels = list(relpaths)
         for r in rels:
             self._check(r)
-        res: list[BlockHeader | BaseException | None] = [None] * len(rels)
+        res: builtins.list[BlockHeader | BaseException | None] = [None] * len(rels)
         for i, src in self._open_many(rels, head_only=True, timeout_s=timeout_s):
             res[i] = self._one(rels[i], src, lambda s: read_header_from(s, verify))
         return res  # type: ignore[return-value]
@@ -199,15 +200,15 @@ class Store(abc.ABC):
         self._noted(rel, True)
         return r
 
-    def put(self, relpath: str, parts: list[Any], *, overwrite: bool = False, fsync: bool = False) -> bool:
+    def put(self, relpath: str, parts: builtins.list[Any], *, overwrite: bool = False, fsync: bool = False) -> bool:
         """Atomically write the concatenation of ``parts``. False if it existed and not ``overwrite``."""
         r = self.put_many([(relpath, parts)], overwrite=overwrite, fsync=fsync)[0]
         if isinstance(r, BaseException):
             raise r
         return bool(r)
 
-    def put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool = False,
-                 fsync: bool = False, timeout_s: float | None = None) -> list[bool | BaseException]:
+    def put_many(self, items: Sequence[tuple[str, builtins.list[Any]]], *, overwrite: bool = False,
+                 fsync: bool = False, timeout_s: float | None = None) -> builtins.list[bool | BaseException]:
         """Write many files (concurrently where the backend can). Per item: True (written), False
         (existed, not ``overwrite``), or the exception. No buffer in ``parts`` is read after return."""
         self._live()
@@ -227,7 +228,7 @@ class Store(abc.ABC):
         """Whether ``relpath`` is a stored file."""
         return self.exists_many([relpath])[0]
 
-    def exists_many(self, relpaths: Iterable[str], *, timeout_s: float | None = None) -> list[bool]:
+    def exists_many(self, relpaths: Iterable[str], *, timeout_s: float | None = None) -> builtins.list[bool]:
         """Existence of many files (a failed lookup reads as absent)."""
         self._live()
         rels = list(relpaths)
@@ -242,7 +243,7 @@ class Store(abc.ABC):
             raise r
         return bool(r)
 
-    def delete_many(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> list[bool | BaseException]:
+    def delete_many(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> builtins.list[bool | BaseException]:
         """Remove many files. Per item: True, False (absent) or the exception."""
         self._live()
         rels = list(relpaths)
@@ -280,7 +281,7 @@ class Store(abc.ABC):
             self.put(rel, [json.dumps(namespace_doc(layout), indent=2, sort_keys=True).encode() + b"\n"])
         return ns
 
-    def namespaces(self) -> list[str]:
+    def namespaces(self) -> builtins.list[str]:
         """Namespaces present (directories holding a namespace.json)."""
         return sorted({e.relpath.split("/", 1)[0] for e in self.list()} | set(self._namespace_dirs()))
 

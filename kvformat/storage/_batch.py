@@ -15,7 +15,7 @@ import concurrent.futures
 import queue
 import secrets
 import time
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Coroutine, Iterator, Sequence
 
 from ..errors import KVFormatError
 from ._redact import Redactor
@@ -180,9 +180,9 @@ class BatchRunner:
             raise r
         return r
 
-    def call(self, coro: Awaitable[Any], timeout_s: float) -> Any:
+    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
         """Run one coroutine on the loop (housekeeping: closing sessions); waits at most ``timeout_s``."""
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout_s)
         except concurrent.futures.TimeoutError:

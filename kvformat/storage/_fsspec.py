@@ -19,6 +19,7 @@ filesystem, event loop and connections (the parent's belong to threads the child
 
 from __future__ import annotations
 
+import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import asyncio
 import inspect
 import logging
@@ -178,7 +179,7 @@ class FsspecStore(Store):
     def _where(self, relpath: str) -> str:
         return f"{self.root}/{relpath}"
 
-    def _labels(self, rels: Sequence[str]) -> list[str]:
+    def _labels(self, rels: Sequence[str]) -> builtins.list[str]:
         return [self._where(r) for r in rels]
 
     def _noted(self, relpath: str, present: bool) -> None:
@@ -295,12 +296,12 @@ class FsspecStore(Store):
                                           self._labels(relpaths), timeout_s)
 
     def _put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool, fsync: bool,
-                  timeout_s: float | None) -> list[bool | BaseException]:
+                  timeout_s: float | None) -> builtins.list[bool | BaseException]:
         # Store.put_many has already joined each body into one bytes object (``asynchronous``).
         return self._runner.run_many("put", lambda it: self._a_put(it[0], it[1][0], overwrite), list(items),
                                      self._labels([r for r, _ in items]), timeout_s)
 
-    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> list[bool | BaseException]:
+    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
         return self._runner.run_many("delete", self._a_delete, list(relpaths), self._labels(relpaths), timeout_s)
 
     def _move(self, src: str, dst: str) -> bool:
@@ -320,9 +321,9 @@ class FsspecStore(Store):
 
         return bool(self._runner.run_one("quarantine", go, src, self._where(src)))
 
-    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> list[bool]:
+    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
         """Cached answers, one concurrent HEAD round for the rest."""
-        out: list[bool | None] = [self._cached(r) for r in relpaths]
+        out: builtins.list[bool | None] = [self._cached(r) for r in relpaths]
         ask = [r for r, v in zip(relpaths, out) if v is None]
         if ask:
             res = self._runner.run_many("exists", lambda rel: self._a_head(self._full(rel)), ask,
@@ -350,7 +351,7 @@ class FsspecStore(Store):
             raise r
         return r
 
-    def read_many_bytes(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> list[bytes | BaseException]:
+    def read_many_bytes(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> builtins.list[bytes | BaseException]:
         """Whole files, fetched concurrently; per item the bytes or the exception."""
         self._live()
         rels = list(relpaths)
@@ -361,7 +362,7 @@ class FsspecStore(Store):
                 self._noted(rel, False)
         return res
 
-    def exists_nowait(self, relpaths: Iterable[str]) -> list[bool | None]:
+    def exists_nowait(self, relpaths: Iterable[str]) -> builtins.list[bool | None]:
         """Cached existence answers without waiting: None = unknown, a batched lookup is started.
 
         Meant for a scheduler step (answer RETRY for None, ask again next step).
@@ -454,8 +455,8 @@ class FsspecStore(Store):
             self._noted(r, False)
         return sum(1 for r in res if not isinstance(r, BaseException))
 
-    def _namespace_dirs(self) -> list[str]:
-        async def go(_: str) -> list[str]:
+    def _namespace_dirs(self) -> builtins.list[str]:
+        async def go(_: str) -> builtins.list[str]:
             try:
                 ls = await self._afs._ls(self._base, detail=False)
             except FileNotFoundError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import errno
 import os
 import stat
@@ -58,8 +59,8 @@ class LocalStore(Store):
             yield i, src
 
     def _put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool, fsync: bool,
-                  timeout_s: float | None) -> list[bool | BaseException]:
-        out: list[bool | BaseException] = []
+                  timeout_s: float | None) -> builtins.list[bool | BaseException]:
+        out: builtins.list[bool | BaseException] = []
         for rel, parts in items:
             try:
                 out.append(write_atomic(self._abs(rel), parts, fsync=fsync, overwrite=overwrite))
@@ -67,8 +68,8 @@ class LocalStore(Store):
                 out.append(e)
         return out
 
-    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> list[bool | BaseException]:
-        out: list[bool | BaseException] = []
+    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
+        out: builtins.list[bool | BaseException] = []
         for rel in relpaths:
             try:
                 os.unlink(self._abs(rel))
@@ -89,7 +90,7 @@ class LocalStore(Store):
             return False
         return True
 
-    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> list[bool]:
+    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
         return [os.path.isfile(self._abs(r)) for r in relpaths]
 
     # -- other operations -------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class LocalStore(Store):
                         pass
         return n
 
-    def _namespace_dirs(self) -> list[str]:
+    def _namespace_dirs(self) -> builtins.list[str]:
         try:
             return [d for d in os.listdir(self.root) if os.path.isfile(os.path.join(self.root, d, NAMESPACE_FILE))]
         except FileNotFoundError:

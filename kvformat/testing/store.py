@@ -65,9 +65,9 @@ def raw_read(store: Store, relpath: str) -> bytes:
 def raw_write(store: Store, relpath: str, data: bytes) -> None:
     """Replace the stored bytes of ``relpath`` past the store (and drop its cached answers)."""
     if isinstance(store, LocalStore):
-        p = Path(store.root) / relpath
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+        f = Path(store.root) / relpath
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(data)
         return
     fs, p = _fsspec_path(store, relpath)
     fs.pipe_file(p, data)
