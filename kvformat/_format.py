@@ -69,6 +69,7 @@ def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, proven
 
 
 def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockKey | None) -> None:
+    """F-9.1 and F-9.2: the file is the layout and block the caller expects (LayoutMismatchError)."""
     if expect is not None:
         check_layout(hdr.layout, expect)
     if key is not None and key != hdr.key:
@@ -105,6 +106,7 @@ def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None, *, stored_c
 
 
 def invalidate(out: memoryview) -> None:
+    """Zero-fill ``out`` (F-5.5)."""
     out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))
 
 
@@ -142,8 +144,12 @@ def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None =
         else:
             _codec.decompress_into(data, dst)
         return hdr, dst
-    if verify:
-        verify_data(hdr, data, dst)
-    else:
-        _codec.decompress_into(data, dst)
+    try:
+        if verify:
+            verify_data(hdr, data, dst)
+        else:
+            _codec.decompress_into(data, dst)
+    except BaseException:
+        invalidate(dst)  # F-5.5 with verify off too: a frame that fails half-way leaves nothing behind
+        raise
     return hdr, dst

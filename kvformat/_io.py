@@ -25,9 +25,25 @@ def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
     if isinstance(payload, Mapping):  # {layer name: tensor}, assembled in layout order
         import torch
 
+        # Each layer is checked on its own: a matching total can hide fp16 data under a bf16 layout,
+        # or one layer two pages long next to an empty one.
+        names = [l.name for l in layout.layers]
+        extra = sorted(set(payload) - set(names), key=str)
+        if extra:
+            raise LayoutMismatchError("layers", names, [*names, *extra])
         parts = []
         for l in layout.layers:
+            if l.name not in payload:
+                raise LayoutMismatchError(f"layer {l.name}", "a tensor", "missing")
             t = payload[l.name]
+            want = getattr(torch, _TORCH_DTYPES[l.dtype])
+            if not isinstance(t, torch.Tensor):
+                raise LayoutMismatchError(f"layer {l.name}", "a tensor", type(t).__name__)
+            if t.dtype != want:
+                raise LayoutMismatchError(f"layer {l.name} dtype", str(want), str(t.dtype))
+            shape = [layout.blocks_per_chunk, *l.shape]
+            if list(t.shape) != shape:
+                raise LayoutMismatchError(f"layer {l.name} shape", shape, list(t.shape))
             parts.append(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8))
         return torch.cat(parts)
     return payload
@@ -169,18 +185,162 @@ def _read_exact(fd: int, buf: memoryview, offset: int) -> int:
     return got
 
 
-def _read_header_fd(fd: int, size: int, verify: bool) -> BlockHeader:
-    first = bytearray(min(FIRST_READ, size))
-    got = _read_exact(fd, memoryview(first), 0)
-    del first[got:]
+class FileSource:
+    """One open, validated regular file that a whole read goes through.
+
+    Header and payload are read through this one descriptor, never by reopening the name: a file
+    renamed over the path, or a FIFO planted there, after validation cannot supply part of a read.
+    ``o_direct`` reads the page-aligned part of a payload with O_DIRECT set on this same descriptor
+    (``fcntl(F_SETFL)``), falling back to buffered reads where the filesystem refuses it.
+    ``direct_bytes`` counts the bytes actually read with O_DIRECT.
+    """
+
+    def __init__(self, path: str, *, o_direct: bool = False) -> None:
+        self.path = path
+        self.fd = _open_regular(path)
+        try:
+            self.size = os.fstat(self.fd).st_size
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.o_direct = o_direct and bool(_O_DIRECT)
+        self.direct_bytes = 0
+
+    def pread(self, offset: int, n: int) -> bytearray:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+        buf = bytearray(max(0, n))
+        got = _read_exact(self.fd, memoryview(buf), offset)
+        del buf[got:]
+        return buf
+
+    def readinto(self, offset: int, dst: memoryview) -> int:
+        """Fill ``dst`` from ``offset``; returns the bytes read (short only at the end of the file)."""
+        if not self.o_direct:
+            return _read_exact(self.fd, dst, offset)
+        import ctypes
+        import fcntl
+
+        aligned = len(dst) - len(dst) % ALIGNMENT
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(dst)) if aligned else 0
+        if not aligned or addr % ALIGNMENT or offset % ALIGNMENT:  # O_DIRECT needs aligned memory and offsets
+            return _read_exact(self.fd, dst, offset)
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | _O_DIRECT)
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # filesystems without O_DIRECT: buffered
+                return _read_exact(self.fd, dst, offset)
+            raise
+        got = -1
+        try:
+            got = _read_exact(self.fd, dst[:aligned], offset)
+            self.direct_bytes += got
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: accepted at fcntl time, refused at read time (some FUSE)
+                raise
+        finally:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)  # the unaligned tail is read buffered
+        if got < 0:
+            got = _read_exact(self.fd, dst[:aligned], offset)
+        if got == aligned and aligned < len(dst):
+            got += _read_exact(self.fd, dst[aligned:], offset + aligned)
+        return got
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "FileSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class BytesSource:
+    """A file, or its first bytes, held in memory (what a remote store fetched).
+
+    ``size`` is the object's full size when ``buf`` holds only a prefix of it (a ranged header read).
+    """
+
+    def __init__(self, buf: Any, size: int | None = None) -> None:
+        self._mv = as_bytes_view(buf)
+        self.size = len(self._mv) if size is None else int(size)
+        self.path = ""
+
+    def pread(self, offset: int, n: int) -> memoryview:
+        """Up to ``n`` held bytes at ``offset`` (no copy)."""
+        return self._mv[offset:offset + max(0, n)]
+
+    def readinto(self, offset: int, dst: memoryview) -> int:
+        """Copy held bytes from ``offset`` into ``dst``; returns how many."""
+        src = self._mv[offset:offset + len(dst)]
+        dst[:len(src)] = src
+        return len(src)
+
+    def close(self) -> None:
+        """Drop the reference to the held bytes."""
+        self._mv = memoryview(b"")
+
+    def __enter__(self) -> "BytesSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+Source = FileSource | BytesSource
+
+
+def read_header_from(src: Source, verify: bool = True) -> BlockHeader:
+    """Read and check the header region of ``src`` (spec §11 steps 1-3, F-3.3). The one header reader."""
+    size = src.size
+    first = bytes(src.pread(0, min(FIRST_READ, size)))
     end = header_length(first)
     if end > len(first):
         if end > size:
             raise TruncatedError("header", end, size)  # F-3.3
-        rest = bytearray(end - len(first))
-        got = _read_exact(fd, memoryview(rest), len(first))
-        first += rest[:got]
+        first += bytes(src.pread(len(first), end - len(first)))
     return decode_header(first, file_bytes=size, verify=verify)
+
+
+def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
+                      verify: bool = True) -> BlockHeader:
+    """The read pipeline every reader shares (``kvformat.read_into`` and every ``Store``).
+
+    Header, schema, file length, ``expect`` and ``key`` are checked before ``out`` is touched; after
+    that, ANY failure (short read, data checksum, zstd frame with or without ``verify``, decoded
+    checksum, an OSError mid-read) zero-fills ``out[:payload_bytes]`` before raising (F-5.5, G-1.2).
+    """
+    dst = as_bytes_view(out, writable=True)
+    hdr = read_header_from(src, verify)
+    check_expected(hdr, expect, key)
+    if len(dst) < hdr.raw_bytes:
+        raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)  # the file decides: kvformat error
+    dst = dst[:hdr.raw_bytes]
+    try:
+        if hdr.codec == "none":
+            got = src.readinto(hdr.data_offset, dst)
+            if got != hdr.data_bytes:
+                raise TruncatedError("data", hdr.data_bytes, got)
+            if verify:
+                verify_data(hdr, dst, None)  # F-5.2
+        else:
+            data = src.pread(hdr.data_offset, hdr.data_bytes)
+            if verify:
+                verify_data(hdr, data, dst)  # F-5.2, F-6.3, F-6.4, F-5.3
+            else:
+                if len(data) != hdr.data_bytes:
+                    raise TruncatedError("data", hdr.data_bytes, len(data))
+                from . import _codec
+
+                _codec.decompress_into(data, dst)  # F-6.3, F-6.4
+    except BaseException:
+        invalidate(dst)  # F-5.5: never leave partly read or partly decoded bytes behind
+        raise
+    return hdr
 
 
 def _open_regular(p: str) -> int:
@@ -261,13 +421,11 @@ def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHe
     Raises a KVFormatError subclass for a bad header (with ``path`` set); OSError passes through.
     """
     p = os.fspath(path)
-    fd = _open_regular(p)
     try:
-        return _read_header_fd(fd, os.fstat(fd).st_size, verify)
+        with FileSource(p) as src:
+            return read_header_from(src, verify)
     except KVFormatError as e:
         raise e.with_path(p)
-    finally:
-        os.close(fd)
 
 
 def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
@@ -275,71 +433,19 @@ def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout
     """Read a file's payload straight into ``out`` (memoryview, mmap slice, bytearray, CPU tensor).
 
     The header is checked (and against ``expect``/``key`` when given) before ``out`` is touched.
-    With ``verify``, a checksum failure zero-fills ``out`` and raises ChecksumError: wrong bytes
-    never stay in the destination. ``o_direct`` reads page-aligned parts with O_DIRECT when the
-    filesystem allows it (falls back to buffered reads otherwise).
+    Any failure after that (checksum, zstd frame, short read, with or without ``verify``) zero-fills
+    ``out[:payload_bytes]`` before raising: wrong bytes never stay in the destination. ``o_direct``
+    reads page-aligned parts with O_DIRECT on the same descriptor when the filesystem allows it
+    (falls back to buffered reads otherwise).
 
     Returns the header. Raises KVFormatError subclasses (``path`` set); OSError passes through.
     """
     p = os.fspath(path)
-    dst = as_bytes_view(out, writable=True)
-    fd = _open_regular(p)
     try:
-        size = os.fstat(fd).st_size
-        hdr = _read_header_fd(fd, size, verify)
-        check_expected(hdr, expect, key)
-        if len(dst) < hdr.raw_bytes:
-            raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)  # the file decides: kvformat error
-        dst = dst[:hdr.raw_bytes]
-        if hdr.codec == "none":
-            got = _read_payload(fd, p, dst, hdr.data_offset, o_direct)
-            if got != hdr.data_bytes:
-                invalidate(dst)
-                raise TruncatedError("data", hdr.data_bytes, got)
-            if verify:
-                verify_data(hdr, dst, dst)
-        else:
-            data = bytearray(hdr.data_bytes)
-            got = _read_exact(fd, memoryview(data), hdr.data_offset)
-            if verify:
-                verify_data(hdr, memoryview(data)[:got], dst)
-            else:
-                from . import _codec
-
-                _codec.decompress_into(memoryview(data)[:got], dst)
-        return hdr
+        with FileSource(p, o_direct=o_direct) as src:
+            return read_payload_from(src, out, expect=expect, key=key, verify=verify)
     except KVFormatError as e:
         raise e.with_path(p)
-    finally:
-        os.close(fd)
-
-
-def _read_payload(fd: int, path: str, dst: memoryview, offset: int, o_direct: bool) -> int:
-    if not o_direct or not _O_DIRECT:
-        return _read_exact(fd, dst, offset)
-    import ctypes
-
-    aligned = len(dst) - len(dst) % ALIGNMENT
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(dst)) if aligned else 0
-    if not aligned or addr % ALIGNMENT:
-        return _read_exact(fd, dst, offset)
-    try:
-        dfd = os.open(path, os.O_RDONLY | _O_DIRECT)
-    except OSError as e:
-        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # tmpfs and some FUSE filesystems refuse O_DIRECT
-            return _read_exact(fd, dst, offset)
-        raise
-    try:
-        got = _read_exact(dfd, dst[:aligned], offset)
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        got = _read_exact(fd, dst[:aligned], offset)
-    finally:
-        os.close(dfd)
-    if got == aligned and aligned < len(dst):
-        got += _read_exact(fd, dst[aligned:], offset + aligned)
-    return got
 
 
 def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
@@ -362,14 +468,21 @@ _TORCH_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U
 
 
 def tensors_from_payload(buf: Any, layout: CanonicalLayout) -> dict[str, Any]:
-    """Views (no copy) of a payload tensor as one tensor per layer."""
+    """One tensor per layer: a view of ``buf`` where the layer's offset suits its dtype, else a copy.
+
+    Layers of mixed dtypes can start at offsets that are not a multiple of a later layer's element
+    size (a U8 layer of odd length before an F32 one); torch cannot view such bytes, so they are copied.
+    """
     import torch
 
     flat = buf if isinstance(buf, torch.Tensor) else torch.frombuffer(buf, dtype=torch.uint8)
     out = {}
     for l, off, n in zip(layout.layers, layout.layer_offsets, layout.chunk_bytes_per_layer):
-        t = flat[off:off + n].view(getattr(torch, _TORCH_DTYPES[l.dtype]))
-        out[l.name] = t.reshape(layout.blocks_per_chunk, *l.shape)
+        dt = getattr(torch, _TORCH_DTYPES[l.dtype])
+        raw = flat[off:off + n]
+        if raw.storage_offset() % dt.itemsize:  # the condition torch.Tensor.view(dtype) imposes
+            raw = raw.clone()  # a fresh allocation is aligned for every dtype
+        out[l.name] = raw.view(dt).reshape(layout.blocks_per_chunk, *l.shape)
     return out
 
 

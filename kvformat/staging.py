@@ -710,8 +710,11 @@ class Stager:
         """Write ``chunk`` of the row to ``store`` as the kvformat file of ``key``.
 
         Only the chunk's writer saves (other ranks return None) unless ``all_ranks``. Waits for the
-        current epoch to be DONE; if the slot changes while the file is written, the file is removed
-        and StagingConflictError raised. Returns ``store.put_block``'s (relpath, file bytes, written).
+        current epoch to be DONE, copies the slot, and checks the slot was not republished during the
+        copy before anything is written: a republished slot raises StagingConflictError and no file
+        ever becomes visible (a reader could otherwise load, or quarantine, a file of mixed epochs).
+        The file is written from the copy, so later reuse of the slot cannot reach it. Returns
+        ``store.put_block``'s (relpath, file bytes, written).
         """
         self.row._check_chunk(chunk)
         writer = self.writer_of(chunk)
@@ -723,14 +726,12 @@ class Stager:
         self.stats.wait_s += self.row.wait(chunk, epoch, writer=writer, timeout_s=self.timeout_s, exact=True)
         prov = provenance or Provenance(tp=self.row.world_size, row="canonical", writer=_writer_name(),
                                         created=int(time.time()))
-        out = store.put_block(self.row.slot(chunk), self.layout, key, provenance=prov, codec=codec, level=level,
+        # Seqlock read: copy, then confirm (epoch, DONE) still holds; a publisher marks the slot BUSY
+        # before it touches a byte, so an unchanged word means the copy is of one epoch.
+        snapshot = self.row.slot(chunk).numpy().tobytes()
+        self._check_unchanged(chunk, epoch)
+        out = store.put_block(snapshot, self.layout, key, provenance=prov, codec=codec, level=level,
                               fsync=fsync, overwrite=overwrite)
-        try:
-            self._check_unchanged(chunk, epoch)
-        except StagingConflictError:
-            if out[2]:
-                store.delete(out[0])
-            raise
         if out[2]:
             self.stats.bytes_to_file += out[1]
         return out

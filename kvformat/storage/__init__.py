@@ -2,13 +2,21 @@
 
 ``open_store("/path")`` gives a :class:`LocalStore` (O_DIRECT, zero-copy reads); URLs
 (``s3://``, ``memory://``, ``gs://`` …) give an fsspec-backed store.
+
+Modules: ``_base`` (``Store``: the shared public methods and the backend primitives they need),
+``_local`` (local files), ``_fsspec`` (the generic remote store), ``_batch`` (the remote batch runner:
+deadlines, retries, error translation), ``_redact`` (credentials out of reprs, logs, errors), ``_s3``
+(S3-only calls), ``_exists`` (the remote existence cache). The conformance suite every backend passes
+is ``kvformat.testing.StoreTests``.
 """
+
+from typing import Any
 
 from ._base import Store, StoreEntry
 from ._local import LocalStore
 
 
-def open_store(root: str, **storage_options: object) -> Store:
+def open_store(root: str, **storage_options: Any) -> Store:
     """A store for a plain path, ``file://`` URL, or any fsspec URL.
 
     Parameters

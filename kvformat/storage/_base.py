@@ -1,18 +1,35 @@
-"""The storage interface. Backends implement the underscore methods; shared work lives here."""
+"""The storage interface: shared public methods on a few backend primitives.
+
+The split follows fsspec's public/``_private`` pattern. Everything that must behave the same on every
+backend lives here once: the read pipeline (header, ``expect``/``key``, copy or decode, zero on
+failure: :func:`kvformat._io.read_payload_from`), error paths, quarantine names, taking a write's body
+before an asynchronous backend may outlive the caller. A backend implements only:
+
+``_open_many(relpaths, head_only, timeout_s)``
+    yield ``(index, source or exception)`` per path, as each becomes ready; a source is an open
+    :class:`~kvformat._io.FileSource` or a fetched :class:`~kvformat._io.BytesSource`
+    (``head_only``: at least the header region, and the object's true size).
+``_put_many(items, overwrite, fsync, timeout_s)``
+    atomic writes, per item True / False (existed) / the exception.
+``_delete_many``, ``_move`` (one file to a new relpath, for quarantine), ``_exists_many``,
+``list``, ``touch``, ``read_bytes``, ``cleanup_temp``.
+"""
 
 from __future__ import annotations
 
+import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import abc
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
-from .._format import encode
-from ..errors import KVFormatError
+from .._format import as_bytes_view, encode
+from .._io import BytesSource, FileSource, read_header_from, read_payload_from
 from .._spec import (
     FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout, Provenance,
     block_relpath, namespace_doc,
 )
+from ..errors import KVFormatError
 
 
 @dataclass(frozen=True)
@@ -24,39 +41,81 @@ class StoreEntry:
     mtime: float
 
 
+def quarantine_relpath(relpath: str, reason: str) -> str:
+    """Where :meth:`Store.quarantine` moves ``relpath``: ``.quarantine/<relpath>.<reason>``."""
+    return f"{QUARANTINE_DIR}/{relpath}.{reason}"
+
+
 class Store(abc.ABC):
     """A root holding kvformat namespaces. All paths are '/'-separated and relative to ``root``.
 
     Writes are atomic (no partial file is ever visible under a final name). Reads check the
-    header (and ``expect``/``key``) before touching ``out``, and zero ``out`` on a checksum error.
+    header (and ``expect``/``key``) before touching ``out``; any later failure zero-fills
+    ``out[:payload_bytes]`` (F-5.5), on every backend alike. Use as a context manager or call
+    :meth:`close`.
+
+    Capability flags (class attributes, read by callers and by the shared methods):
+
+    ``asynchronous``: I/O runs on another thread with deadlines, so a call may return (time out)
+    while requests are still in flight; :meth:`put_many` then copies each body before handing it
+    over, so a timed-out write never reads the caller's buffer again.
+    ``exclusive_create``: concurrent ``put(overwrite=False)`` of one path leaves exactly one winner.
+    ``supports_o_direct``: payload reads can bypass the page cache.
+    ``durable_put``: a completed put survives power loss without ``fsync`` (object stores).
     """
 
     root: str
+    asynchronous: bool = False
+    exclusive_create: bool = True
+    supports_o_direct: bool = False
+    durable_put: bool = False
+    closed: bool = False
 
     # -- backend primitives -------------------------------------------------------------------
     @abc.abstractmethod
-    def put(self, relpath: str, parts: list[Any], *, overwrite: bool = False, fsync: bool = False) -> bool:
-        """Atomically write the concatenation of ``parts``. False if it existed and not ``overwrite``."""
+    def _open_many(self, relpaths: Sequence[str], *, head_only: bool,
+                   timeout_s: float | None) -> Iterator[tuple[int, FileSource | BytesSource | BaseException]]:
+        """Yield ``(index, source or exception)`` for every path, each exactly once, in any order."""
 
     @abc.abstractmethod
-    def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
-                  key: BlockKey | None = None, verify: bool = True) -> BlockHeader:
-        """Read and check a file, payload into ``out``. KVFormatError on bad bytes, OSError passes."""
+    def _put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool, fsync: bool,
+                  timeout_s: float | None) -> builtins.list[bool | BaseException]:
+        """Atomically write each item's parts; per item True, False (existed) or the exception."""
 
     @abc.abstractmethod
-    def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
-        """Read and check only the header."""
+    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
+        """Remove each path; per item True, False (absent) or the exception."""
 
+    @abc.abstractmethod
+    def _move(self, src: str, dst: str) -> bool:
+        """Move one file to a new relpath (replacing one there); False if ``src`` is gone."""
+
+    @abc.abstractmethod
+    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
+        """Whether each path is a stored file (a failed lookup reads as absent: a miss, never a false hit)."""
+
+    @abc.abstractmethod
+    def _where(self, relpath: str) -> str:
+        """The path or URL of ``relpath`` as errors report it (never with credentials)."""
+
+    def _check(self, relpath: str) -> None:
+        """Raise ValueError for a path that is not a plain relative path inside the root."""
+        parts = relpath.split("/")
+        if not relpath or relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"path {relpath!r} leaves the store root")
+
+    def _noted(self, relpath: str, present: bool) -> None:
+        """Hook: an operation just learned whether ``relpath`` exists (remote stores cache it)."""
+
+    def _live(self) -> None:
+        """Hook called before every operation: raise on a closed store (backends also re-arm after fork)."""
+        if self.closed:
+            raise ValueError(f"{self!r}: I/O operation on a closed store")
+
+    # -- other backend operations ---------------------------------------------------------------
     @abc.abstractmethod
     def read_bytes(self, relpath: str) -> bytes:
         """The whole file (small files: namespace.json, tests)."""
-
-    @abc.abstractmethod
-    def exists(self, relpath: str) -> bool: ...
-
-    @abc.abstractmethod
-    def delete(self, relpath: str) -> bool:
-        """Remove; False if it was not there."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[StoreEntry]:
@@ -64,11 +123,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def touch(self, relpath: str) -> None:
-        """Mark as recently used (sets mtime to now)."""
-
-    @abc.abstractmethod
-    def quarantine(self, relpath: str, reason: str) -> str | None:
-        """Move a bad file aside under ``.quarantine/``; returns its new relpath (None if gone)."""
+        """Mark as recently used (sets mtime to now); nothing happens if the file is gone."""
 
     def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
         """Remove leftover temp files of crashed writers: those older than ``older_than_s`` and, with
@@ -76,21 +131,139 @@ class Store(abc.ABC):
         Returns how many were removed."""
         return 0
 
-    # -- batched forms (remote backends override with concurrent versions) ----------------------
-    def exists_many(self, relpaths: Iterable[str]) -> list[bool]:
-        return [self.exists(p) for p in relpaths]
+    def _namespace_dirs(self) -> Iterable[str]:
+        return ()
 
-    def read_headers_many(self, relpaths: Iterable[str], *, verify: bool = True) -> list[BlockHeader | BaseException]:
+    # -- shared public methods ------------------------------------------------------------------
+    def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
+                  key: BlockKey | None = None, verify: bool = True) -> BlockHeader:
+        """Read and check a file, payload into ``out``. KVFormatError on bad bytes, OSError passes.
+
+        ``out`` is untouched unless the header, layout and key passed; after that any failure
+        leaves ``out[:payload_bytes]`` zeroed.
+        """
+        r = self.read_many_into([(relpath, out, key)], expect=expect, verify=verify)[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    def read_many_into(self, items: Sequence[tuple[str, Any, BlockKey | None]], *,
+                       expect: CanonicalLayout | None = None, verify: bool = True,
+                       timeout_s: float | None = None) -> builtins.list[BlockHeader | BaseException]:
+        """Read many files, each into its ``out`` (concurrently where the backend can).
+
+        Per item the header or the exception (KVFormatError with ``path`` set, OSError, or ValueError
+        for an unusable destination). Each ``out`` follows :meth:`read_into`'s rules.
+        """
+        self._live()
+        rels = [r for r, _, _ in items]
+        for r in rels:
+            self._check(r)
+        res: builtins.list[BlockHeader | BaseException | None] = [None] * len(items)
+        for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
+            rel, out, key = items[i]
+            res[i] = self._one(rel, src, lambda s: read_payload_from(s, out, expect=expect, key=key, verify=verify))
+        return res  # type: ignore[return-value]
+
+    def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
+        """Read and check only the header (no payload read)."""
+        r = self.read_headers_many([relpath], verify=verify)[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    def read_headers_many(self, relpaths: Iterable[str], *, verify: bool = True,
+                          timeout_s: float | None = None) -> builtins.list[BlockHeader | BaseException]:
         """Headers of many files; per item the header or the error (KVFormatError or OSError) it raised."""
-        out: list[BlockHeader | BaseException] = []
-        for p in relpaths:
-            try:
-                out.append(self.read_header(p, verify=verify))
-            except (OSError, KVFormatError) as e:
-                out.append(e)
-        return out
+        self._live()
+        rels = list(relpaths)
+        for r in rels:
+            self._check(r)
+        res: builtins.list[BlockHeader | BaseException | None] = [None] * len(rels)
+        for i, src in self._open_many(rels, head_only=True, timeout_s=timeout_s):
+            res[i] = self._one(rels[i], src, lambda s: read_header_from(s, verify))
+        return res  # type: ignore[return-value]
 
-    # -- shared work ------------------------------------------------------------------------------
+    def _one(self, rel: str, src: Any, fn: Any) -> Any:
+        """Run one pipeline step on an opened source; the result or the (annotated) exception."""
+        if isinstance(src, BaseException):
+            if isinstance(src, FileNotFoundError):
+                self._noted(rel, False)
+            return src.with_path(self._where(rel)) if isinstance(src, KVFormatError) else src
+        try:
+            with src:
+                r = fn(src)
+        except KVFormatError as e:
+            return e.with_path(self._where(rel))
+        except (OSError, ValueError) as e:  # OS errors pass through; ValueError: the caller's destination
+            return e
+        self._noted(rel, True)
+        return r
+
+    def put(self, relpath: str, parts: builtins.list[Any], *, overwrite: bool = False, fsync: bool = False) -> bool:
+        """Atomically write the concatenation of ``parts``. False if it existed and not ``overwrite``."""
+        r = self.put_many([(relpath, parts)], overwrite=overwrite, fsync=fsync)[0]
+        if isinstance(r, BaseException):
+            raise r
+        return bool(r)
+
+    def put_many(self, items: Sequence[tuple[str, builtins.list[Any]]], *, overwrite: bool = False,
+                 fsync: bool = False, timeout_s: float | None = None) -> builtins.list[bool | BaseException]:
+        """Write many files (concurrently where the backend can). Per item: True (written), False
+        (existed, not ``overwrite``), or the exception. No buffer in ``parts`` is read after return."""
+        self._live()
+        for rel, _ in items:
+            self._check(rel)
+        if self.asynchronous:
+            # Taken here, in the caller's thread: a request still queued or retried after the
+            # caller's deadline must not read a buffer the caller has since reused (a vLLM row slot).
+            items = [(rel, [b"".join(as_bytes_view(p) for p in parts)]) for rel, parts in items]
+        res = self._put_many(items, overwrite=overwrite, fsync=fsync, timeout_s=timeout_s)
+        for (rel, _), r in zip(items, res):
+            if not isinstance(r, BaseException):
+                self._noted(rel, True)
+        return res
+
+    def exists(self, relpath: str) -> bool:
+        """Whether ``relpath`` is a stored file."""
+        return self.exists_many([relpath])[0]
+
+    def exists_many(self, relpaths: Iterable[str], *, timeout_s: float | None = None) -> builtins.list[bool]:
+        """Existence of many files (a failed lookup reads as absent)."""
+        self._live()
+        rels = list(relpaths)
+        for r in rels:
+            self._check(r)
+        return self._exists_many(rels, timeout_s)
+
+    def delete(self, relpath: str) -> bool:
+        """Remove; False if it was not there."""
+        r = self.delete_many([relpath])[0]
+        if isinstance(r, BaseException):
+            raise r
+        return bool(r)
+
+    def delete_many(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> builtins.list[bool | BaseException]:
+        """Remove many files. Per item: True, False (absent) or the exception."""
+        self._live()
+        rels = list(relpaths)
+        for r in rels:
+            self._check(r)
+        res = self._delete_many(rels, timeout_s)
+        for r in rels:
+            self._noted(r, False)
+        return res
+
+    def quarantine(self, relpath: str, reason: str) -> str | None:
+        """Move a bad file aside to ``.quarantine/<relpath>.<reason>``; its new relpath (None if gone)."""
+        self._live()
+        self._check(relpath)
+        dst = quarantine_relpath(relpath, reason)
+        self._check(dst)
+        moved = self._move(relpath, dst)
+        self._noted(relpath, False)
+        return dst if moved else None
+
     def put_block(self, payload: Any, layout: CanonicalLayout, key: BlockKey, *,
                   provenance: Provenance | None = None, codec: str = "none", level: int = 3,
                   fsync: bool = False, overwrite: bool = False) -> tuple[str, int, bool]:
@@ -108,12 +281,19 @@ class Store(abc.ABC):
             self.put(rel, [json.dumps(namespace_doc(layout), indent=2, sort_keys=True).encode() + b"\n"])
         return ns
 
-    def namespaces(self) -> list[str]:
+    def namespaces(self) -> builtins.list[str]:
         """Namespaces present (directories holding a namespace.json)."""
         return sorted({e.relpath.split("/", 1)[0] for e in self.list()} | set(self._namespace_dirs()))
 
-    def _namespace_dirs(self) -> Iterable[str]:
-        return ()
+    def close(self) -> None:
+        """Release connections, sessions and threads (idempotent); later calls raise ValueError."""
+        self.closed = True
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
-__all__ = ["Store", "StoreEntry", "FILE_SUFFIX", "QUARANTINE_DIR"]
+__all__ = ["Store", "StoreEntry", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]

@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
+import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import errno
 import os
 import stat
+import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-from .._io import TMP_PREFIX, iter_files, temp_writer_gone, read_header, read_into, write_atomic
-from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout
+from .._io import _O_DIRECT, TMP_PREFIX, FileSource, iter_files, temp_writer_gone, write_atomic
+from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from ..errors import KVFormatError
 from ._base import Store, StoreEntry
 
 
 class LocalStore(Store):
-    """Files under a local directory. ``o_direct``: "auto" (try it, fall back), "on" or "off"."""
+    """Files under a local directory. ``o_direct``: "auto" (try it, fall back), "on" or "off".
+
+    ``stats["o_direct_bytes"]`` counts payload bytes actually read with O_DIRECT.
+    """
+
+    supports_o_direct = bool(_O_DIRECT)
 
     def __init__(self, root: str, *, o_direct: str = "off") -> None:
         if o_direct not in ("auto", "on", "off"):
             raise ValueError(f"o_direct: expected auto, on or off, got {o_direct!r}")
         self.root = os.path.abspath(root)
         self.o_direct = o_direct
+        self.stats = {"o_direct_bytes": 0}
+        self._stats_lock = threading.Lock()  # reader threads add to stats concurrently
         os.makedirs(self.root, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
 
     def _abs(self, relpath: str) -> str:
         p = os.path.normpath(os.path.join(self.root, relpath))
@@ -29,30 +42,62 @@ class LocalStore(Store):
             raise ValueError(f"path {relpath!r} leaves the store root")
         return p
 
-    def put(self, relpath: str, parts: list[Any], *, overwrite: bool = False, fsync: bool = False) -> bool:
-        return write_atomic(self._abs(relpath), parts, fsync=fsync, overwrite=overwrite)
+    def _where(self, relpath: str) -> str:
+        return self._abs(relpath)
 
-    def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
-                  key: BlockKey | None = None, verify: bool = True) -> BlockHeader:
-        return read_into(self._abs(relpath), out, expect=expect, key=key, verify=verify,
-                         o_direct=self.o_direct != "off")
+    # -- primitives -------------------------------------------------------------------------------
+    def _open_many(self, relpaths: Sequence[str], *, head_only: bool,
+                   timeout_s: float | None) -> Iterator[tuple[int, Any]]:
+        # Opened one at a time, as the caller consumes them: one descriptor open at once.
+        direct = self.o_direct != "off" and not head_only
+        for i, rel in enumerate(relpaths):
+            try:
+                src = _CountingSource(self._abs(rel), self, o_direct=direct)
+            except (OSError, KVFormatError) as e:
+                yield i, e
+                continue
+            yield i, src
 
-    def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
-        return read_header(self._abs(relpath), verify=verify)
+    def _put_many(self, items: Sequence[tuple[str, list[Any]]], *, overwrite: bool, fsync: bool,
+                  timeout_s: float | None) -> builtins.list[bool | BaseException]:
+        out: builtins.list[bool | BaseException] = []
+        for rel, parts in items:
+            try:
+                out.append(write_atomic(self._abs(rel), parts, fsync=fsync, overwrite=overwrite))
+            except OSError as e:
+                out.append(e)
+        return out
 
-    def read_bytes(self, relpath: str) -> bytes:
-        with open(self._abs(relpath), "rb") as f:
-            return f.read()
+    def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
+        out: builtins.list[bool | BaseException] = []
+        for rel in relpaths:
+            try:
+                os.unlink(self._abs(rel))
+                out.append(True)
+            except FileNotFoundError:
+                out.append(False)
+            except OSError as e:
+                out.append(e)
+        return out
 
-    def exists(self, relpath: str) -> bool:
-        return os.path.isfile(self._abs(relpath))
-
-    def delete(self, relpath: str) -> bool:
+    def _move(self, src: str, dst: str) -> bool:
+        d = self._abs(dst)
+        _refuse_symlinks(self.root, os.path.dirname(d))
+        os.makedirs(os.path.dirname(d), exist_ok=True)
         try:
-            os.unlink(self._abs(relpath))
-            return True
+            os.replace(self._abs(src), d)
         except FileNotFoundError:
             return False
+        return True
+
+    def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
+        return [os.path.isfile(self._abs(r)) for r in relpaths]
+
+    # -- other operations -------------------------------------------------------------------------
+    def read_bytes(self, relpath: str) -> bytes:
+        self._check(relpath)
+        with open(self._abs(relpath), "rb") as f:
+            return f.read()
 
     def list(self, prefix: str = "") -> Iterator[StoreEntry]:
         if not prefix:
@@ -67,17 +112,6 @@ class LocalStore(Store):
             os.utime(self._abs(relpath))
         except FileNotFoundError:
             pass
-
-    def quarantine(self, relpath: str, reason: str) -> str | None:
-        dst_rel = f"{QUARANTINE_DIR}/{relpath}.{reason}"
-        dst = self._abs(dst_rel)
-        _refuse_symlinks(self.root, os.path.dirname(dst))
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        try:
-            os.replace(self._abs(relpath), dst)
-        except FileNotFoundError:
-            return None
-        return dst_rel
 
     def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
         """Remove temp files older than ``older_than_s``; with ``dead_writers`` also, at any age, those
@@ -96,7 +130,7 @@ class LocalStore(Store):
                         pass
         return n
 
-    def _namespace_dirs(self) -> list[str]:
+    def _namespace_dirs(self) -> builtins.list[str]:
         try:
             return [d for d in os.listdir(self.root) if os.path.isfile(os.path.join(self.root, d, NAMESPACE_FILE))]
         except FileNotFoundError:
@@ -127,3 +161,17 @@ def scan_entries(root: str, rel_prefix: str = "") -> Iterator[StoreEntry]:
         except FileNotFoundError:  # removed since the scan (gc, another tier)
             continue
         yield StoreEntry(rel_prefix + rel, st.st_size, st.st_mtime)
+
+
+class _CountingSource(FileSource):
+    """A FileSource that adds its O_DIRECT bytes to the store's stats when closed."""
+
+    def __init__(self, path: str, store: LocalStore, *, o_direct: bool) -> None:
+        super().__init__(path, o_direct=o_direct)
+        self._store = store
+
+    def close(self) -> None:
+        if self.fd >= 0 and self.direct_bytes:
+            with self._store._stats_lock:
+                self._store.stats["o_direct_bytes"] += self.direct_bytes
+        super().close()
