@@ -239,6 +239,13 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
     if kv_cache_config is not None:
         if not _same_groups(kv_cache_config, cfg):
             raise SchemaError("groups", "the KV-cache config given does not hold this deployment's groups")
+        replicas = getattr(kv_cache_config, "kv_tp_replicas", None)
+        if replicas is not None and par.tp_size > 1 and replicas < par.tp_size:
+            # vLLM's own count of consecutive TP ranks holding identical KV for EVERY layer: below the TP
+            # size, some layer is head-sharded (a hybrid model), whatever its page size looks like.
+            raise SchemaError("groups", f"vLLM's KV-cache config says only {replicas} of {par.tp_size} TP ranks "
+                              "hold identical KV (kv_tp_replicas): some layers are head-sharded, not MLA; "
+                              "kvformat stores replicated (MLA) KV only")
         layers, kinds, all_specs = _facts_from_kv_config(kv_cache_config, cfg)
         source = "vLLM KV-cache config"
     pins = _pins_from_vllm(vllm_config) if vllm_config is not None else {}

@@ -134,11 +134,12 @@ def test_hybrid_mla_and_head_sharded_attention_is_never_stored_as_replicated(tmp
     with pytest.raises(SchemaError, match="FullAttentionSpec .not MLA."):
         derive_plans(TieringOffloadingSpec(ocfg), kv_cache_config=kc)
     # The scheduler's flattened config cannot tell a head-sharded layer from an MLA one of the same page
-    # size: then nothing proves replication, so trust_rank0 is refused and "verify" checks every slot.
-    _, facts = derive_plans(TieringOffloadingSpec(ocfg), kv_cache_config=skc)
-    assert not facts.replicated_kv_known
-    with pytest.raises(SchemaError, match="trust_rank0"):
-        ModelDeployment(fam, [kvf(tmp_path, replica_policy="trust_rank0")], tp=2, row="per_worker", n_layers=4)
+    # size, but vLLM counts the TP ranks holding identical KV for every layer (kv_tp_replicas): the tier
+    # started by vLLM's own connector refuses the deployment with that reason.
+    with pytest.raises(SchemaError, match="kv_tp_replicas"):
+        derive_plans(TieringOffloadingSpec(ocfg), kv_cache_config=skc)
+    with pytest.raises(SchemaError, match="head-sharded"):
+        ModelDeployment(fam, [kvf(tmp_path)], tp=2, row="per_worker", n_layers=4)
 
 
 def test_trust_rank0_needs_proof_of_replicated_kv(tmp_path):
