@@ -130,8 +130,12 @@ def test_hybrid_mla_and_head_sharded_attention_is_never_stored_as_replicated(tmp
     fam = FAMILIES["hybrid-mla-gqa"]
     _, kc, skc, ocfg, _ = plan_model(fam, tp=2, row="per_worker", n_layers=4, tiers=[kvf(tmp_path)])
     assert not TieringOffloadingSpec(ocfg).replicated_layout  # vLLM: not every layer is replicated
-    # With the per-layer specs (the worker's form of the config) the group is refused by name.
+    # With the per-layer specs (the worker's form of the config) the group is refused by its spec, even at
+    # TP=1 where every rank trivially holds the same KV.
+    _, kc1, _, ocfg1, _ = plan_model(fam, tp=1, n_layers=4, tiers=[kvf(tmp_path)])
     with pytest.raises(SchemaError, match="FullAttentionSpec .not MLA."):
+        derive_plans(TieringOffloadingSpec(ocfg1), kv_cache_config=kc1)
+    with pytest.raises(SchemaError, match="kv_tp_replicas"):
         derive_plans(TieringOffloadingSpec(ocfg), kv_cache_config=kc)
     # The scheduler's flattened config cannot tell a head-sharded layer from an MLA one of the same page
     # size, but vLLM counts the TP ranks holding identical KV for every layer (kv_tp_replicas): the tier
