@@ -354,6 +354,11 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         raise LegacyLayoutError(
             f"canonical rows ({ns.canonical_format}) are not supported: where the canonical pages sit in the row "
             "depends on the writer's worker count, which config.json does not record", path=where)
+    if len(groups) > 1:
+        # Several groups share each row (overlaid from byte 0, or packed side by side): which bytes are this
+        # group's depends on vLLM's placement, which config.json does not record.
+        raise LegacyLayoutError(f"{len(groups)} KV-cache groups: config.json does not record where each group's "
+                                "layers sit in the row, so no per-layer table can be proven", path=where)
     bpf = ns.blocks_per_file
     kind = "replicated" if ns.replicated else "per_worker"
     copies = 1 if kind != "per_worker" else par["tp"]
