@@ -12,6 +12,7 @@ import ctypes
 import errno
 import mmap
 import os
+import stat
 import sys
 import threading
 import time
@@ -22,14 +23,14 @@ from typing import Any, Iterable, TextIO
 
 from .. import __version__
 from .._header import encode_header
-from .._spec import block_relpath
-from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
+from .._spec import NAMESPACE_FILE, block_relpath
+from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError, UsageError
 from ..legacy import (
     Ignored, LegacyFile, LegacyNamespace, RowLayout, extract_payload, find_namespaces, infer_row, iter_legacy_files,
     key_for, provenance_for,
 )
 from ..storage import LocalStore, Store, open_store
-from ._util import Progress, human
+from ._util import Progress, dir_mode, human, shown
 
 WRITER = f"kvformat-compact {__version__}"  # fixed: outputs must not depend on when/where they were made
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -102,8 +103,10 @@ class _Task:
 
 
 class _Compactor:
-    def __init__(self, store: Store, *, codec: str, level: int, delete_source: bool, fsync: bool) -> None:
+    def __init__(self, store: Store, *, codec: str, level: int, delete_source: bool, fsync: bool,
+                 mode: int | None = None) -> None:
         self.store = store
+        self.mode = mode
         self.codec = codec
         self.level = level
         self.delete_source = delete_source
@@ -141,7 +144,9 @@ class _Compactor:
         res = FileResult("converted", f.path, t.rel, f.size, t.after)
         try:
             existing = self.store.exists(t.rel)
-            if existing and self._valid_output(t, full=self.delete_source):
+            # The payload too, not only the header: a re-run promises to repair a corrupt output, and
+            # reading 1/TP of the source's bytes back is cheap next to converting them again.
+            if existing and self._valid_output(t, full=True):
                 res.status = "skipped"
                 res.after = self._size(t)
                 self._carry_mtime(f.path, t.rel)  # a run killed between rename and utime left "now"
@@ -191,12 +196,19 @@ class _Compactor:
             return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
         except FileNotFoundError:
             return FileResult("failed", f.path, t.rel, f.size, error="source vanished", reason="FileNotFoundError")
+        except OSError as e:  # one unreadable source (EACCES, EIO) fails alone; the others are converted
+            name = errno.errorcode.get(e.errno or 0, type(e).__name__)
+            return FileResult("failed", f.path, t.rel, f.size, error=f"{name}: {e.strerror or e}", reason=name)
 
     def _carry_mtime(self, src: str, rel: str, st: os.stat_result | None = None) -> None:
-        """Give the output its source's mtime: the LRU clock (the block was last used when vLLM wrote it)."""
+        """Give the output its source's mtime: the LRU clock (the block was last used when vLLM wrote it).
+
+        With ``--mode``, also its exact mode (the umask set for the run already kept it no wider)."""
         if self._local_root is None:
             return
         out = os.path.join(self._local_root, rel)
+        if self.mode is not None and stat.S_IMODE(os.stat(out).st_mode) != self.mode:
+            os.chmod(out, self.mode)
         st = st or os.stat(src)
         if os.stat(out).st_mtime_ns != st.st_mtime_ns:
             os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -281,21 +293,67 @@ def _prune_empty_dirs(ns: LegacyNamespace) -> None:
                     raise
 
 
+def check_destination(src: str, dst: str) -> None:
+    """UsageError unless ``dst`` can hold the outputs: not SRC itself, and a place that outlives this process.
+
+    An in-memory filesystem (``memory://``) loses every output when the process exits, which with
+    ``--delete-source`` would delete the only copy of the cache.
+    """
+    if "://" in dst and not dst.startswith("file://"):
+        import fsspec
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        proto = dst.split("://", 1)[0]
+        try:
+            cls = fsspec.get_filesystem_class(proto)
+        except (ValueError, ImportError):
+            return  # open_store names the package to install
+        if issubclass(cls, MemoryFileSystem):
+            raise UsageError(f"{dst}: an in-memory filesystem does not outlive this process; the outputs would be "
+                             "lost (and with --delete-source the sources too). Give a directory or a durable URL")
+        return
+    d = dst[len("file://"):] if dst.startswith("file://") else dst
+    if os.path.realpath(d) == os.path.realpath(src):
+        raise UsageError("DST must differ from SRC")
+
+
 def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_source: bool = False,
             page_bytes: int | None = None, codec: str = "none", level: int = 3, fsync: bool = False,
-            progress: bool = True, stream: TextIO | None = None) -> CompactReport:
+            mode: int | None = None, progress: bool = True, stream: TextIO | None = None) -> CompactReport:
     """Compact the legacy root ``src`` into the kvformat root ``dst``. See the module docstring.
+
+    ``mode``: exact permission bits of the files written (directories created get ``dir_mode(mode)``);
+    None keeps the defaults (0644 files, 0755 directories, filtered by the umask).
 
     Raises LegacyLayoutError when ``src`` is not a legacy root; OSError passes through.
     """
+    check_destination(src, dst)
+    if mode is None or dry_run:
+        return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
+                        codec=codec, level=level, fsync=fsync, mode=None, progress=progress, stream=stream)
+    # A umask no wider than the mode while writing: a file or directory is never created more open than
+    # asked, not even between its creation and the chmod. The CLI is its own process; restored after.
+    old = os.umask(0o777 & ~dir_mode(mode))
+    try:
+        return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
+                        codec=codec, level=level, fsync=fsync, mode=mode, progress=progress, stream=stream)
+    finally:
+        os.umask(old)
+
+
+def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: bool, page_bytes: int | None,
+             codec: str, level: int, fsync: bool, mode: int | None, progress: bool,
+             stream: TextIO | None) -> CompactReport:
     t0 = time.monotonic()
     stream = stream or sys.stderr
     skipped: list[Ignored] = []
-    namespaces = find_namespaces(src, ignored=skipped)
-    if not namespaces:
+    cfg_errors: list[LegacyLayoutError] = []
+    namespaces = find_namespaces(src, ignored=skipped, errors=cfg_errors)
+    if not namespaces and not cfg_errors:
         raise LegacyLayoutError(f"{src} is not a vLLM fs-tier root: no <model>_<digest>/config.json under it")
     rep = CompactReport(src=src, dst=dst, dry_run=dry_run, jobs=jobs)
     rep.ignored.extend(skipped)
+    rep.layout_errors.extend(str(e) for e in cfg_errors)  # reported, exit 2; the other namespaces still convert
     tasks: list[_Task] = []
     for ns in namespaces:
         files = list(iter_legacy_files(ns, rep.ignored, src))
@@ -333,7 +391,9 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
         for t in tasks:
             if t.row.layout.namespace() not in seen:
                 seen.add(t.row.layout.namespace())
-                store.ensure_namespace(t.row.layout)
+                ns_name = store.ensure_namespace(t.row.layout)
+                if mode is not None and isinstance(store, LocalStore):
+                    os.chmod(os.path.join(store.root, ns_name, NAMESPACE_FILE), mode)
     if dry_run:
         dst_store = open_store(dst) if os.path.isdir(dst) or "://" in dst else None
         for t in tasks:
@@ -347,16 +407,16 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
         return rep
 
     assert store is not None
-    worker = _Compactor(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync)
+    worker = _Compactor(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode)
     bar = Progress(len(tasks), sum(t.file.size for t in tasks), label="compact", stream=stream, enabled=progress)
     for ig in rep.ignored:
-        bar.note(f"ignored {ig.path}: {ig.why}")
+        bar.note(f"ignored {shown(ig.path)}: {shown(ig.why)}")
 
     def handle(r: FileResult) -> None:
         if r.status == "failed":
             rep.failed += 1
             rep.failures.append(r)
-            bar.note(f"FAILED {r.src}: {r.error} (source kept)")
+            bar.note(f"FAILED {shown(r.src)}: {shown(r.error)} (source kept)")
         else:
             if r.status == "converted":
                 rep.converted += 1
@@ -387,12 +447,12 @@ def summary_lines(rep: CompactReport) -> Iterable[str]:
     """The human summary printed at the end."""
     if rep.dry_run:
         for f in rep.would_write:
-            yield f"would write {f.rel}  ({human(f.before)} -> {human(f.after)})"
+            yield f"would write {shown(f.rel)}  ({human(f.before)} -> {human(f.after)})"
     for ns in rep.namespaces:
-        yield (f"{ns['legacy']} g{ns['group']} -> {ns['namespace']}: {ns['files']} files, {ns['row']} rows of "
+        yield (f"{shown(ns['legacy'])} g{ns['group']} -> {shown(ns['namespace'])}: {ns['files']} files, {ns['row']} rows of "
                f"{ns['slots']} slot(s), page {ns['page_bytes']} B, padding {ns['padding']} B")
     for e in rep.layout_errors:
-        yield f"error: {e}"
+        yield f"error: {shown(e)}"
     saved = rep.bytes_before - rep.bytes_after
     pct = 100.0 * saved / rep.bytes_before if rep.bytes_before else 0.0
     verb = "would convert" if rep.dry_run else "converted"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections import Counter
@@ -9,13 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .._io import UnsafeFileError, is_regular_file, read_header, read_into, read_small_file
-from .._spec import NAMESPACE_FILE, BlockHeader, CanonicalLayout
+from .._io import UnsafeFileError, is_regular_file, iter_files, read_header, read_into, read_small_file
+from .._placement import BLOCK_PATH_HELP, block_path_parts, placement_error
+from .._spec import NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
-from ..legacy import Ignored, LegacyFile, extract_payload, find_namespaces, infer_row, iter_legacy_files
+from ..legacy import Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files
 from ..storage import StoreEntry
 from ..storage._local import scan_entries
-from ._util import human, iso, table
+from ._util import UsageError, human, iso, shown, table
 
 
 # -- one file ------------------------------------------------------------------------------------------
@@ -53,16 +55,16 @@ def file_view(path: str, read_hdr: Callable[[], BlockHeader], read_data: Callabl
 
 
 def render_file(d: dict[str, Any]) -> str:
-    lines = [f"file        {d['path']}"]
+    lines = [f"file        {shown(d['path'])}"]
     h = d["header"]
     if h is None:
-        lines.append(f"checksum    header BAD: {d['error']['reason']}: {d['error']['message']}")
+        lines.append(f"checksum    header BAD: {d['error']['reason']}: {shown(d['error']['message'])}")
         return "\n".join(lines)
     lay, prov = h["layout"], h["provenance"]
     lines += [
         f"format      kvformat {h['version']}",
         f"namespace   {h['namespace']}",
-        f"model       {lay['model']}" + (f" @ {lay['revision']}" if lay["revision"] else ""),
+        f"model       {shown(lay['model'])}" + (f" @ {lay['revision']}" if lay["revision"] else ""),
         f"kv dtype    {lay['kv_dtype']} ({lay['family']})",
         f"blocks      {lay['blocks_per_chunk']} per chunk x {lay['tokens_per_block']} tokens "
         f"(tokens per hash {lay['tokens_per_hash']}), group {lay['group']}",
@@ -77,7 +79,7 @@ def render_file(d: dict[str, Any]) -> str:
     data = {"ok": "data ok", "bad": "data BAD", "skipped": "data not checked (--no-verify)"}[c["data"]]
     lines.append(f"checksum    header ok, {data} (xxh3 {h['checksums']['data_xxh3']})")
     if d["error"]:
-        lines.append(f"error       {d['error']['reason']}: {d['error']['message']}")
+        lines.append(f"error       {d['error']['reason']}: {shown(d['error']['message'])}")
     lines.append("")
     rows = [(i, l["name"], l["dtype"], "x".join(map(str, l["shape"])), l["offset"], l["bytes"])
             for i, l in enumerate(d["layers"])]
@@ -99,6 +101,7 @@ class _NsAcc:
     oldest: float | None = None
     newest: float | None = None
     bad: list[dict[str, str]] = field(default_factory=list)
+    unreadable: list[dict[str, str]] = field(default_factory=list)
 
     def add_time(self, t: float) -> None:
         self.oldest = t if self.oldest is None else min(self.oldest, t)
@@ -113,18 +116,39 @@ class _NsAcc:
             "layers": len(lay.layers) if lay else None, "files": self.files, "bytes": self.bytes,
             "tp_sizes": sorted(self.tps), "compression_ratio": round(self.raw / self.data, 4) if self.data else None,
             "corrupt": self.corrupt, "oldest": self.oldest, "newest": self.newest, "bad_files": self.bad,
+            "unreadable": self.unreadable,
         }
 
 
-def _walk(root: str) -> list[StoreEntry]:
-    """Every ``.kvf`` file under ``root``, as ``LocalStore.list`` gives them (without creating ``root``)."""
-    return list(scan_entries(root))
+@dataclass
+class ScanResult:
+    """A scan of a kvformat root: per-namespace totals, bad files, unreadable files, skipped paths."""
+
+    accs: list[_NsAcc]
+    bad: list[tuple[str, KVFormatError]]  # (relpath from the store root, error): the file is wrong
+    unreadable: list[tuple[str, OSError]]  # (relpath, error): the file could not be read, so not checked
+    ignored: list[Ignored]
 
 
-def _check_entry(root: str, e: StoreEntry, verify: bool) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | None]:
+def namespace_dirs(root: str) -> set[str]:
+    """Top-level directories of ``root`` holding a regular namespace.json (never through a symlink)."""
+    try:
+        with os.scandir(root) as it:
+            return {d.name for d in it if d.is_dir(follow_symlinks=False)
+                    and is_regular_file(os.path.join(d.path, NAMESPACE_FILE))}
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+
+
+def _check_entry(root: str, e: StoreEntry, verify: bool
+                 ) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]:
+    """What a load of the file would find: its header (and payload), checked against its path."""
     path = os.path.join(root, e.relpath)
     try:
         hdr = read_header(path, verify=True)
+        err = placement_error(e.relpath, hdr)
+        if err is not None:
+            return e, None, err.with_path(path)
         if verify:
             read_into(path, bytearray(hdr.raw_bytes), verify=True)
         return e, hdr, None
@@ -132,25 +156,41 @@ def _check_entry(root: str, e: StoreEntry, verify: bool) -> tuple[StoreEntry, Bl
         return e, None, err
     except FileNotFoundError:  # removed since listing (gc, a tier quarantining it)
         return e, None, None
+    except OSError as err:  # EACCES, EIO…: reported, and the scan goes on with the other files
+        return e, None, err
 
 
-def scan_root(root: str, *, verify: bool = False, jobs: int = 4, ignored: list[Ignored] | None = None,
-              ) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
-    """Read every header under a kvformat root (and every payload with ``verify``).
+def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 4,
+              progress: Callable[[int], None] | None = None) -> ScanResult:
+    """Read every block file's header under a kvformat root (and every payload with ``verify``).
 
-    A namespace.json that is a symlink, a FIFO or another non-regular file is not read; it is
-    recorded in ``ignored`` when given.
+    ``root`` is the store root; ``prefix`` a namespace to scan alone. Only files at a block path
+    (``<namespace>/<hh>/<hh>/<hash>.kvf``) in a namespace directory are checked, each exactly as a
+    load checks it (header, key and namespace against its path; checksums); other ``.kvf`` files
+    are listed in ``ignored``, as is a namespace.json that is a symlink or not a regular file.
+    ``progress`` is called with each file's size once it is checked.
 
     Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
     verification reads and hashes in threads (I/O and xxh3 release the GIL).
     """
     root = os.path.abspath(root)
     accs: dict[str, _NsAcc] = {}
-    bad: list[tuple[str, KVFormatError]] = []
-    entries = _walk(root)
-    # A namespace directory itself (it holds namespace.json): every file belongs to it.
-    single = os.path.basename(root) if is_regular_file(os.path.join(root, NAMESPACE_FILE)) else None
-    results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | None]]
+    res = ScanResult([], [], [], [])
+    nss = namespace_dirs(root)
+    if prefix:
+        nss &= {prefix}
+    entries = []
+    for e in scan_entries(os.path.join(root, prefix) if prefix else root, f"{prefix}/" if prefix else ""):
+        parts = block_path_parts(e.relpath)
+        if parts is None:
+            res.ignored.append(Ignored(os.path.join(root, e.relpath), f"not a block path ({BLOCK_PATH_HELP}): "
+                                       "not checked"))
+        elif parts[0] not in nss:
+            res.ignored.append(Ignored(os.path.join(root, e.relpath), f"{parts[0]} has no namespace.json "
+                                       "(not a kvformat namespace): not checked"))
+        else:
+            entries.append(e)
+    results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]]
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
         ex = ThreadPoolExecutor(max_workers=jobs)
@@ -159,9 +199,15 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4, ignored: list[I
         results = (_check_entry(root, e, verify) for e in entries)
     try:
         for e, hdr, err in results:
-            ns = single or e.relpath.split("/", 1)[0]
+            ns = e.relpath.split("/", 1)[0]
             acc = accs.get(ns) or accs.setdefault(ns, _NsAcc(ns))
+            if progress is not None:
+                progress(e.size)
             if hdr is None and err is None:
+                continue
+            if isinstance(err, OSError):
+                acc.unreadable.append({"path": e.relpath, "error": _os_error_text(err)})
+                res.unreadable.append((e.relpath, err))
                 continue
             acc.files += 1
             acc.bytes += e.size
@@ -169,7 +215,7 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4, ignored: list[I
             if err is not None:
                 acc.corrupt += 1
                 acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
-                bad.append((e.relpath, err))
+                res.bad.append((e.relpath, err))
                 continue
             assert hdr is not None
             if acc.layout is None:
@@ -180,22 +226,37 @@ def scan_root(root: str, *, verify: bool = False, jobs: int = 4, ignored: list[I
     finally:
         if ex is not None:
             ex.shutdown()
-    if single is not None:
-        accs.setdefault(single, _NsAcc(single))
-        acc = accs[single]
-        if acc.layout is None:
-            acc.layout = _layout_from_doc(os.path.dirname(root), single, ignored)
-        return [acc], bad
-    try:  # empty namespaces still show up
-        for d in os.scandir(root):
-            if d.is_dir(follow_symlinks=False) and is_regular_file(os.path.join(d.path, NAMESPACE_FILE)):
-                accs.setdefault(d.name, _NsAcc(d.name))
-    except FileNotFoundError:
-        pass
+    for ns in nss:  # empty namespaces still show up
+        accs.setdefault(ns, _NsAcc(ns))
     for acc in accs.values():
         if acc.layout is None:
-            acc.layout = _layout_from_doc(root, acc.namespace, ignored)
-    return [accs[k] for k in sorted(accs)], bad
+            acc.layout = _layout_from_doc(root, acc.namespace, res.ignored)
+    res.accs = [accs[k] for k in sorted(accs)]
+    return res
+
+
+def _os_error_text(e: OSError) -> str:
+    """An OSError without its file name (the report already names the file)."""
+    name = errno.errorcode.get(e.errno or 0, type(e).__name__)
+    return f"{name}: {e.strerror or e}"
+
+
+def quarantine_summary(root: str) -> dict[str, Any]:
+    """Files under ``<root>/.quarantine`` (never through a symlink): count, bytes, count per reason."""
+    out: dict[str, Any] = {"path": os.path.join(root, QUARANTINE_DIR), "files": 0, "bytes": 0, "reasons": {}}
+    qdir = os.path.join(root, QUARANTINE_DIR)
+    if not os.path.isdir(qdir) or os.path.islink(qdir):
+        return out
+    for _rel, e in iter_files(qdir, ""):
+        try:
+            size = e.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
+        reason = e.name.rsplit(".", 1)[-1] if "." in e.name else "-"
+        out["files"] += 1
+        out["bytes"] += size
+        out["reasons"][reason] = out["reasons"].get(reason, 0) + 1
+    return out
 
 
 def _layout_from_doc(root: str, ns: str, ignored: list[Ignored] | None = None) -> CanonicalLayout | None:
@@ -217,12 +278,19 @@ def _layout_from_doc(root: str, ns: str, ignored: list[Ignored] | None = None) -
         return None
 
 
-def inspect_root(root: str, *, verify: bool = False, jobs: int = 4) -> dict[str, Any]:
-    ignored: list[Ignored] = []
-    accs, _bad = scan_root(root, verify=verify, jobs=jobs, ignored=ignored)
-    nss = [a.to_dict() for a in accs]
+def inspect_root(root: str, *, verify: bool = False, jobs: int = 4,
+                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """The ``inspect`` object of a kvformat root or one namespace directory (per-namespace table)."""
+    store_root, prefix = find_store_root(root)
+    if prefix and "/" in prefix:
+        raise UsageError(f"{root}: a directory inside a namespace; give the root, the namespace or a file")
+    res = scan_root(store_root, prefix, verify=verify, jobs=jobs, progress=progress)
+    nss = [a.to_dict() for a in res.accs]
     return {"kind": "kvformat_root", "path": root, "verified_data": verify, "namespaces": nss,
-            "totals": _totals(nss), "ignored": [{"path": i.path, "why": i.why} for i in ignored]}
+            "totals": _totals(nss), "ignored": [{"path": i.path, "why": i.why} for i in res.ignored],
+            "unreadable": [{"path": os.path.join(store_root, r), "error": _os_error_text(e)}
+                           for r, e in res.unreadable],
+            "quarantine": quarantine_summary(store_root)}
 
 
 def _totals(nss: list[dict[str, Any]]) -> dict[str, Any]:
@@ -231,11 +299,17 @@ def _totals(nss: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- a legacy vLLM root --------------------------------------------------------------------------------
-def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = None) -> dict[str, Any]:
-    """Per legacy namespace and group: what compacting it would give. ``verify`` checks replicas."""
+def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = None,
+                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Per legacy namespace and group: what compacting it would give. ``verify`` checks replicas.
+
+    A namespace whose config.json is malformed is listed under ``errors`` and skipped; a file that
+    cannot be read is listed under its namespace's ``unreadable``; the other files are still checked.
+    """
     nss = []
     ignored: list[Ignored] = []
-    for ns in find_namespaces(root, ignored=ignored):
+    cfg_errors: list[LegacyLayoutError] = []
+    for ns in find_namespaces(root, ignored=ignored, errors=cfg_errors):
         files = list(iter_legacy_files(ns, ignored, root))
         groups: dict[int, list[LegacyFile]] = {}
         for f in files:
@@ -248,7 +322,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                 "files": len(gf), "bytes": sum(f.size for f in gf), "tp_sizes": [ns.parallel()["tp"]],
                 "compression_ratio": None, "corrupt": 0,
                 "oldest": min((f.mtime for f in gf), default=None), "newest": max((f.mtime for f in gf), default=None),
-                "bad_files": [], "legacy": {"row": None, "slots": None, "page_bytes": None, "row_bytes": None,
+                "bad_files": [], "unreadable": [], "legacy": {"row": None, "slots": None, "page_bytes": None, "row_bytes": None,
                                             "padding": None, "digest_ok": ns.digest_ok, "compacted_bytes": None,
                                             "compacted_namespace": None, "error": None},
             }
@@ -278,6 +352,12 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                         except (ReplicaMismatchError, LegacyLayoutError) as e:
                             d["corrupt"] += 1
                             d["bad_files"].append({"path": f.path, "reason": e.reason, "message": e.message})
+                        except FileNotFoundError:  # removed since the listing
+                            pass
+                        except OSError as e:  # reported; the other files are still checked
+                            d["unreadable"].append({"path": f.path, "error": _os_error_text(e)})
+                        if progress is not None:
+                            progress(f.size)
                 from ._compact import _header_bytes
 
                 per = _header_bytes(row, ok[0]) + row.layout.payload_bytes if ok else 0
@@ -287,15 +367,17 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                                     "compacted_bytes": per * len(ok), "compacted_namespace": row.layout.namespace()})
             nss.append(d)
     return {"kind": "legacy_root", "path": root, "verified_data": verify, "namespaces": nss, "totals": _totals(nss),
-            "ignored": [{"path": i.path, "why": i.why} for i in ignored]}
+            "ignored": [{"path": i.path, "why": i.why} for i in ignored],
+            "errors": [{"path": e.path or root, "message": e.message} for e in cfg_errors],
+            "unreadable": [u for n in nss for u in n["unreadable"]]}
 
 
-def _tpb(ns: Any, g: int) -> int | None:
-    gs = ns.groups()
-    return int(gs[g].get("tokens_per_block", 0)) if g < len(gs) else None
+def _tpb(ns: LegacyNamespace, g: int) -> int | None:
+    gs = ns.groups()  # validated: tokens_per_block is a positive int
+    return int(gs[g]["tokens_per_block"]) if g < len(gs) else None
 
 
-def _nlayers(ns: Any, g: int) -> int | None:
+def _nlayers(ns: LegacyNamespace, g: int) -> int | None:
     gs = ns.groups()
     return len(gs[g].get("layer_names") or []) if g < len(gs) else None
 
@@ -305,12 +387,12 @@ def render_root(d: dict[str, Any]) -> str:
     what = "legacy vLLM fs-tier root" if legacy else "kvformat root"
     checked = ("headers + replicas" if d["verified_data"] else "headers/sizes") if legacy else \
         ("headers + data" if d["verified_data"] else "headers")
-    lines = [f"{what}: {d['path']}  (checked: {checked})", ""]
+    lines = [f"{what}: {shown(d['path'])}  (checked: {checked})", ""]
     rows = []
     for n in d["namespaces"]:
         ratio = f"{n['compression_ratio']:.2f}" if n["compression_ratio"] else "-"
-        name = f"{n['namespace']}/g{n['group']}" if legacy else n["namespace"]
-        rows.append((name, n["model"] or "-", n["kv_dtype"] or "-", n["tokens_per_block"] or "-", n["files"],
+        name = shown(f"{n['namespace']}/g{n['group']}" if legacy else n["namespace"])
+        rows.append((name, shown(n["model"] or "-"), n["kv_dtype"] or "-", n["tokens_per_block"] or "-", n["files"],
                      human(n["bytes"]), ",".join(map(str, n["tp_sizes"])) or "-", ratio, n["corrupt"],
                      iso(n["oldest"]), iso(n["newest"])))
     lines.append(table(["namespace", "model", "dtype", "tok/blk", "files", "bytes", "tp", "ratio", "corrupt",
@@ -324,21 +406,33 @@ def render_root(d: dict[str, Any]) -> str:
         for n in d["namespaces"]:
             lg = n["legacy"]
             if lg["error"]:
-                lrows.append((f"{n['namespace']}/g{n['group']}", "?", "-", "-", "-", "-", lg["error"]))
+                lrows.append((shown(f"{n['namespace']}/g{n['group']}"), "?", "-", "-", "-", "-", shown(lg["error"])))
                 continue
             saved = n["bytes"] - (lg["compacted_bytes"] or 0)
-            lrows.append((f"{n['namespace']}/g{n['group']}", lg["row"] or "-", lg["slots"] or "-",
+            lrows.append((shown(f"{n['namespace']}/g{n['group']}"), lg["row"] or "-", lg["slots"] or "-",
                           lg["page_bytes"] or "-", lg["padding"] if lg["padding"] is not None else "-",
                           human(lg["compacted_bytes"] or 0),
                           (f"saves {human(saved)}" if saved >= 0 else f"adds {human(-saved)} of headers")
                           + f" -> {lg['compacted_namespace']}"))
         lines.append(table(["legacy namespace", "row", "slots", "page B", "pad B", "compacted", "note"], lrows,
                            right=(2, 3, 4, 5)))
-    if d.get("ignored"):
-        lines.append(f"ignored {len(d['ignored'])} paths (see --json)")
+    q = d.get("quarantine")
+    if q and q["files"]:
+        why = ", ".join(f"{n} {r}" for r, n in sorted(q["reasons"].items()))
+        lines.append(f"quarantine: {q['files']} files, {human(q['bytes'])} in {shown(q['path'])} ({why}); "
+                     "not counted above; purge with kvformat gc ROOT --quarantine")
+    for e in d.get("errors", []):
+        lines.append(f"ERROR {shown(e['path'])}: {shown(e['message'])}")
+    ign = d.get("ignored") or []
+    for i in ign[:20]:
+        lines.append(f"ignored {shown(i['path'])}: {shown(i['why'])}")
+    if len(ign) > 20:
+        lines.append(f"... and {len(ign) - 20} more ignored paths (see --json)")
+    for u in d.get("unreadable", []):
+        lines.append(f"UNREADABLE {shown(u['path'])}: {u['error']}")
     for n in d["namespaces"]:
         for b in n["bad_files"][:20]:
-            lines.append(f"BAD {b['path']}: {b['reason']}: {b['message']}")
+            lines.append(f"BAD {shown(b['path'])}: {b['reason']}: {shown(b['message'])}")
     return "\n".join(lines)
 
 
@@ -413,8 +507,8 @@ def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True, page_byt
 
 
 def render_legacy_file(d: dict[str, Any]) -> str:
-    lines = [f"legacy file {d['path']}", f"namespace   {d['namespace']} (vLLM fs tier, group {d['group']})",
-             f"model       {d['model']}", f"kv dtype    {d['kv_dtype']}", f"key         {d['hash']}:{d['group']}",
+    lines = [f"legacy file {shown(d['path'])}", f"namespace   {shown(d['namespace'])} (vLLM fs tier, group {d['group']})",
+             f"model       {shown(d['model'])}", f"kv dtype    {shown(d['kv_dtype'])}", f"key         {d['hash']}:{d['group']}",
              f"bytes       {d['bytes']}  mtime {iso(d['mtime'])}"]
     c = d["config"]
     lines.append(f"config      tp={c.get('tp_size')} pp={c.get('pp_size')} dcp={c.get('dcp_size')} "
@@ -427,5 +521,5 @@ def render_legacy_file(d: dict[str, Any]) -> str:
         lines.append(f"replicas    {d['replicas']}")
         lines.append(f"compacts to {d['compacts_to']}")
     if d["error"]:
-        lines.append(f"error       {d['error']['reason']}: {d['error']['message']}")
+        lines.append(f"error       {d['error']['reason']}: {shown(d['error']['message'])}")
     return "\n".join(lines)

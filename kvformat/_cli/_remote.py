@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from .._placement import BLOCK_PATH_HELP, block_path_parts, placement_error
 from .._spec import FILE_SUFFIX, NAMESPACE_FILE, BlockHeader, CanonicalLayout
 from ..errors import KVFormatError
 from ..storage import Store, StoreEntry, open_store
@@ -90,16 +91,31 @@ def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHea
     return out
 
 
-def scan_store(store: Store, prefix: str = "", *, verify: bool = False
+def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
+               progress: Callable[[int], None] | None = None, ignored: list[dict[str, str]] | None = None,
                ) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
-    """Every header under ``prefix`` (every payload too with ``verify``), per namespace.
+    """Every block file's header under ``prefix`` (every payload too with ``verify``), per namespace.
+
+    As for local roots, only objects at a block path inside a namespace (one holding namespace.json)
+    are checked, each exactly as a load checks it (key and namespace against its path); others are
+    appended to ``ignored``.
 
     Objects removed since the listing are skipped; a transport failure (server down, timeout) raises
     its OSError (exit 2), since a partial pass must not read as "all good".
     """
     accs: dict[str, _NsAcc] = {}
     bad: list[tuple[str, KVFormatError]] = []
-    entries = list(store.list(prefix))
+    nss = {prefix} if prefix else set(store._namespace_dirs())  # the one listing of namespaces a Store has
+    entries = []
+    for e in store.list(prefix):
+        parts = block_path_parts(e.relpath)
+        if parts is None or parts[0] not in nss:
+            if ignored is not None:
+                why = (f"not a block path ({BLOCK_PATH_HELP})" if parts is None
+                       else f"{parts[0]} has no namespace.json (not a kvformat namespace)")
+                ignored.append({"path": f"{store.root}/{e.relpath}", "why": why + ": not checked"})
+            continue
+        entries.append(e)
 
     def ok(e: StoreEntry, h: BlockHeader) -> None:
         acc = _acc(e)
@@ -124,7 +140,7 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False
         return acc
 
     def sort(e: StoreEntry, r: Any) -> bool:
-        """True when ``r`` is a header; records a bad file; raises a transport error."""
+        """True when ``r`` is a header of a file in its place; records a bad file; raises a transport error."""
         if isinstance(r, FileNotFoundError):
             return False  # removed since the listing (gc, a tier quarantining it)
         if isinstance(r, KVFormatError):
@@ -132,6 +148,12 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False
             return False
         if isinstance(r, BaseException):
             raise r
+        err = placement_error(e.relpath, r)
+        if err is not None:
+            fail(e, err)
+            return False
+        if progress is not None and not verify:
+            progress(e.size)
         return True
 
     for chunk in _chunks(entries, _BATCH):
@@ -150,6 +172,8 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False
             for (e, _), r in zip(part, res):
                 if sort(e, r):
                     ok(e, r)
+                if progress is not None:
+                    progress(e.size)
     if prefix:
         accs.setdefault(prefix, _NsAcc(prefix))
     else:  # empty namespaces still show up
@@ -178,36 +202,58 @@ def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
         except FileNotFoundError:
             raise UsageError(f"{store.root}/{rel}: no such object") from None
     store, prefix = _open_dir(url)
-    accs, _ = scan_store(store, prefix, verify=bool(verify))
+    ignored: list[dict[str, str]] = []
+    accs, _ = scan_store(store, prefix, verify=bool(verify), ignored=ignored)
     nss = [a.to_dict() for a in accs]
     where = f"{store.root}/{prefix}" if prefix else store.root  # the URL without credentials
     return {"kind": "kvformat_root", "path": where, "verified_data": bool(verify), "namespaces": nss,
-            "totals": _totals(nss), "ignored": []}
+            "totals": _totals(nss), "ignored": ignored, "unreadable": []}
 
 
-def verify_url(url: str, *, quarantine: bool = False) -> tuple[int, list[dict[str, str]], list[str]]:
-    """A full checksum pass over a remote object, namespace or root: (checked, bad, quarantined)."""
-    bad: list[dict[str, str]] = []
+def verify_url(url: str, *, quarantine: bool = False, progress: Callable[[int], None] | None = None
+               ) -> dict[str, Any]:
+    """A full checksum and placement pass over a remote object, namespace or root: the verify report.
+
+    Only objects at a block path inside a namespace are ever quarantined.
+    """
+    rep: dict[str, Any] = {"command": "verify", "path": url, "checked": 0, "bad": [], "unreadable": [],
+                           "errors": [], "quarantined": [], "quarantine_failed": [], "ignored": [], "exit_code": 0}
     if url.rstrip("/").endswith(FILE_SUFFIX):
         store, rel = _open_file(url)
+        parts = block_path_parts(rel)
+        in_ns = parts is not None and store.exists(f"{parts[0]}/{NAMESPACE_FILE}")
+        errs: list[tuple[str, KVFormatError]] = []
         try:
             h = store.read_header(rel, verify=True)
-            store.read_into(rel, bytearray(h.raw_bytes), verify=True)
-            errs: list[tuple[str, KVFormatError]] = []
+            err = placement_error(rel, h) if in_ns else None
+            if err is None:
+                store.read_into(rel, bytearray(h.raw_bytes), verify=True)
+            else:
+                errs = [(rel, err)]
         except KVFormatError as e:
             errs = [(rel, e)]
         except FileNotFoundError:
             raise UsageError(f"{store.root}/{rel}: no such object") from None
-        checked = 1
+        rep["checked"] = 1
+        if not in_ns:
+            rep["ignored"].append({"path": f"{store.root}/{rel}", "why": "not a block object inside a kvformat "
+                                   "namespace: placement not checked, never quarantined"})
     else:
         store, prefix = _open_dir(url)
-        accs, errs = scan_store(store, prefix, verify=True)
-        checked = sum(a.files for a in accs)
-    quarantined: list[str] = []
+        if not prefix and not list(store._namespace_dirs()):
+            raise UsageError(f"{store.root}: no kvformat namespace (<namespace>/namespace.json) under it: "
+                             "nothing to verify")
+        accs, errs = scan_store(store, prefix, verify=True, progress=progress, ignored=rep["ignored"])
+        rep["checked"] = sum(a.files for a in accs)
+        in_ns = True
     for rel, e in errs:
-        bad.append({"path": f"{store.root}/{rel}", "reason": e.reason, "message": e.message})
-        if quarantine:
-            new = store.quarantine(rel, e.reason)
+        rep["bad"].append({"path": f"{store.root}/{rel}", "reason": e.reason, "message": e.message})
+        if quarantine and in_ns:
+            try:
+                new = store.quarantine(rel, e.reason)
+            except OSError as qe:
+                rep["quarantine_failed"].append({"path": f"{store.root}/{rel}", "error": str(qe)})
+                continue
             if new:
-                quarantined.append(f"{store.root}/{new}")
-    return checked, bad, quarantined
+                rep["quarantined"].append(f"{store.root}/{new}")
+    return rep
