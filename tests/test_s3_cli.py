@@ -45,7 +45,7 @@ def test_gc_on_s3_evicts_least_recently_used(s3_bucket: str, capsys: pytest.Capt
     assert {e.relpath for e in st.list()} == {rels[0], rels[2]}
 
     assert main(["gc", url, "--max-bytes", "1"]) == 0
-    assert "evicted 2" in capsys.readouterr().out and not list(st.list())
+    assert "deleted 2 least recently used files" in capsys.readouterr().out and not list(st.list())
 
 
 def _corrupt(server: S3Server, bucket: str, k: str) -> None:
