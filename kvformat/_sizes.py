@@ -65,7 +65,7 @@ def format_size(n: float) -> str:
     an exponent: a value that rounds up to 1024 of a unit is shown in the next unit."""
     sign = "-" if n < 0 else ""
     n = abs(float(n))
-    if n < 1024:
+    if n < 1023.5:  # whole bytes; 1023.5 would round to "1024 B"
         return f"{sign}{n:.0f} B"
     units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
     for i, unit in enumerate(units):
