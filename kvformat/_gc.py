@@ -90,16 +90,19 @@ def open_gc_root(root: str) -> Store:
     return store
 
 
-def plan_gc(store: Store, max_bytes: int | None, ignored: list[dict[str, str]] | None = None) -> GcReport:
+def plan_gc(store: Store, max_bytes: int | None, ignored: list[dict[str, str]] | None = None, *,
+            namespaces_only: bool = False) -> GcReport:
     """Which block files to evict (least recently used first, ties by path) to get under ``max_bytes``.
 
-    ``max_bytes`` None (or 0) is no limit: nothing is evicted.
+    ``max_bytes`` None (or 0) is no limit: nothing is evicted. Only block paths are candidates (a
+    nested root's files are one level deeper, so never); with ``namespaces_only`` (the CLI) only
+    those whose directory holds a regular namespace.json, as the tier's roots all do.
     """
-    nss = set(store._namespace_dirs())
+    nss = set(store._namespace_dirs()) if namespaces_only else None
     entries = []
     for e in store.list():
         parts = block_path_parts(e.relpath)
-        if parts is not None and parts[0] in nss:
+        if parts is not None and (nss is None or parts[0] in nss):
             entries.append(e)
         elif ignored is not None:
             why = (f"not a block path ({BLOCK_PATH_HELP})" if parts is None
@@ -135,7 +138,7 @@ def _quarantined(store: Store) -> list[StoreEntry]:
 
 
 def run_gc(store: Store, max_bytes: int | None, *, dry_run: bool = False, quarantine: bool = False,
-           evict: bool = True, progress: Callable[[int], None] | None = None,
+           evict: bool = True, namespaces_only: bool = False, progress: Callable[[int], None] | None = None,
            on_plan: Callable[[int], None] | None = None) -> GcReport:
     """Evict LRU block files until the root holds at most ``max_bytes`` (None: no limit); drop stale temp
     files; with ``quarantine`` also delete everything under ``.quarantine``.
@@ -144,7 +147,7 @@ def run_gc(store: Store, max_bytes: int | None, *, dry_run: bool = False, quaran
     deleted file's size, ``on_plan`` once with the number of files to delete.
     """
     ignored: list[dict[str, str]] = []
-    rep = plan_gc(store, max_bytes if evict else None, ignored)
+    rep = plan_gc(store, max_bytes if evict else None, ignored, namespaces_only=namespaces_only)
     rep.ignored = ignored
     rep.dry_run = dry_run
     if quarantine:

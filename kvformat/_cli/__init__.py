@@ -303,19 +303,21 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     with _Scanning(a, "verify") as tick:
         rep = verify_path(_local(a.path), quarantine=a.quarantine, jobs=a.jobs, page_bytes=a.page_bytes,
                           progress=tick)
+    # What made the pass incomplete (exit 2) goes to stderr as errors do, in both modes; the report
+    # (text or JSON) on stdout still lists everything.
+    for u in rep["unreadable"]:
+        _err("verify", f"UNREADABLE {shown(u['path'])}: {shown(u['error'])}")
+    for e in rep["errors"]:
+        _err("verify", f"ERROR {shown(e['path'])}: {shown(e['message'])}")
+    for q in rep["quarantine_failed"]:
+        _err("verify", f"NOT quarantined {shown(q['path'])}: {shown(q['error'])}")
     if a.json:
         _emit(rep)
         return int(rep["exit_code"])
     for b in rep["bad"]:
         _out(f"BAD {shown(b['path'])}: {b['reason']}: {shown(b['message'])}")
-    for u in rep["unreadable"]:
-        _out(f"UNREADABLE {shown(u['path'])}: {shown(u['error'])}")
-    for e in rep["errors"]:
-        _out(f"ERROR {shown(e['path'])}: {shown(e['message'])}")
     for q in rep["quarantined"]:
         _out(f"quarantined -> {shown(q)}")
-    for q in rep["quarantine_failed"]:
-        _out(f"NOT quarantined {shown(q['path'])}: {shown(q['error'])}")
     for i in rep["ignored"]:
         _out(f"ignored {shown(i['path'])}: {shown(i['why'])}")
     tail = [f"{len(rep['bad'])} bad"]
@@ -355,6 +357,7 @@ def _cmd_gc(a: argparse.Namespace) -> int:
     limit = a.max_bytes or None  # 0: no limit, as the tier's max_bytes
     bar = _bar(a, "gc", 0)
     rep = run_gc(store, limit, dry_run=a.dry_run, quarantine=a.quarantine, evict=a.max_bytes is not None,
+                 namespaces_only=True,
                  progress=bar.update if bar.enabled else None, on_plan=lambda n: setattr(bar, "total", n))
     bar.close()
     if a.json:

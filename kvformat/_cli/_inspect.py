@@ -128,6 +128,7 @@ class ScanResult:
     bad: list[tuple[str, KVFormatError]]  # (relpath from the store root, error): the file is wrong
     unreadable: list[tuple[str, OSError]]  # (relpath, error): the file could not be read, so not checked
     ignored: list[Ignored]
+    namespaces: set[str] = field(default_factory=set)  # directories holding a regular namespace.json
 
 
 def namespace_dirs(root: str) -> set[str]:
@@ -182,14 +183,13 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
     entries = []
     for e in scan_entries(os.path.join(root, prefix) if prefix else root, f"{prefix}/" if prefix else ""):
         parts = block_path_parts(e.relpath)
-        if parts is None:
+        if parts is None:  # no load ever opens it: not the tier's file, so not ours to judge
             res.ignored.append(Ignored(os.path.join(root, e.relpath), f"not a block path ({BLOCK_PATH_HELP}): "
                                        "not checked"))
-        elif parts[0] not in nss:
-            res.ignored.append(Ignored(os.path.join(root, e.relpath), f"{parts[0]} has no namespace.json "
-                                       "(not a kvformat namespace): not checked"))
-        else:
-            entries.append(e)
+            continue
+        # A block path in a directory without a regular namespace.json is still checked (reading is
+        # harmless), but it is not inside a namespace, so nothing ever moves or deletes it.
+        entries.append(e)
     results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]]
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
@@ -228,6 +228,7 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
             ex.shutdown()
     for ns in nss:  # empty namespaces still show up
         accs.setdefault(ns, _NsAcc(ns))
+    res.namespaces = nss
     for acc in accs.values():
         if acc.layout is None:
             acc.layout = _layout_from_doc(root, acc.namespace, res.ignored)

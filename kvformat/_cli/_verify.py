@@ -94,7 +94,11 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
             rep["ignored"] += [{"path": i.path, "why": i.why} for i in res.ignored]
             for rel, err in res.bad:
                 rep["bad"].append({"path": os.path.join(root, rel), "reason": err.reason, "message": err.message})
-                targets.append((root, rel, err.reason))
+                if rel.split("/", 1)[0] in res.namespaces:
+                    targets.append((root, rel, err.reason))
+                elif quarantine:
+                    rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "
+                                           "(no regular namespace.json): never quarantined"})
             rep["unreadable"] += [{"path": os.path.join(root, r), "error": _os_error_text(e)} for r, e in res.unreadable]
         if legacy:
             d = inspect_legacy(path, verify=True, page_bytes=page_bytes, progress=progress)
