@@ -277,20 +277,13 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 class _Scanning:
-    """A progress bar for a scan whose total is not known up front: it counts files as they are checked."""
+    """A progress bar for a scan: the scan adds its total once it has listed, then ticks per file."""
 
     def __init__(self, a: argparse.Namespace, label: str, *, enabled: bool = True) -> None:
         self.bar = _bar(a, label, 0) if enabled else None
 
-    def __enter__(self) -> Callable[[int], None] | None:
-        if self.bar is None or not self.bar.enabled:
-            return None
-        bar = self.bar
-
-        def tick(n_bytes: int) -> None:
-            bar.total = max(bar.total, bar.done + 1)
-            bar.update(n_bytes)
-        return tick
+    def __enter__(self) -> Any:
+        return self.bar if self.bar is not None and self.bar.enabled else None
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:

@@ -17,7 +17,7 @@ from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
 from ..legacy import Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files
 from ..storage import StoreEntry
 from ..storage._local import scan_entries
-from ._util import UsageError, human, iso, shown, table
+from ._util import ProgressSink, UsageError, human, iso, shown, table
 
 
 # -- one file ------------------------------------------------------------------------------------------
@@ -162,14 +162,14 @@ def _check_entry(root: str, e: StoreEntry, verify: bool
 
 
 def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 4,
-              progress: Callable[[int], None] | None = None) -> ScanResult:
+              progress: ProgressSink | None = None) -> ScanResult:
     """Read every block file's header under a kvformat root (and every payload with ``verify``).
 
     ``root`` is the store root; ``prefix`` a namespace to scan alone. Only files at a block path
     (``<namespace>/<hh>/<hh>/<hash>.kvf``) in a namespace directory are checked, each exactly as a
     load checks it (header, key and namespace against its path; checksums); other ``.kvf`` files
     are listed in ``ignored``, as is a namespace.json that is a symlink or not a regular file.
-    ``progress`` is called with each file's size once it is checked.
+    ``progress`` is told the number of files once listed, then each file's size once it is checked.
 
     Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
     verification reads and hashes in threads (I/O and xxh3 release the GIL).
@@ -191,6 +191,8 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
         # harmless), but it is not inside a namespace, so nothing ever moves or deletes it.
         entries.append(e)
     results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]]
+    if progress is not None:
+        progress.add_total(len(entries), sum(e.size for e in entries))
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
         ex = ThreadPoolExecutor(max_workers=jobs)
@@ -202,7 +204,7 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
             ns = e.relpath.split("/", 1)[0]
             acc = accs.get(ns) or accs.setdefault(ns, _NsAcc(ns))
             if progress is not None:
-                progress(e.size)
+                progress.update(e.size)
             if hdr is None and err is None:
                 continue
             if isinstance(err, OSError):
@@ -280,7 +282,7 @@ def _layout_from_doc(root: str, ns: str, ignored: list[Ignored] | None = None) -
 
 
 def inspect_root(root: str, *, verify: bool = False, jobs: int = 4,
-                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 progress: ProgressSink | None = None) -> dict[str, Any]:
     """The ``inspect`` object of a kvformat root or one namespace directory (per-namespace table)."""
     store_root, prefix = find_store_root(root)
     if prefix and "/" in prefix:
@@ -301,7 +303,7 @@ def _totals(nss: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- a legacy vLLM root --------------------------------------------------------------------------------
 def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = None,
-                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                   progress: ProgressSink | None = None) -> dict[str, Any]:
     """Per legacy namespace and group: what compacting it would give. ``verify`` checks replicas.
 
     A namespace whose config.json is malformed is listed under ``errors`` and skipped; a file that
@@ -343,6 +345,8 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                                                "message": f"{f.size} bytes, rows are {row.row_bytes}"})
                 if verify:
                     buf = memoryview(bytearray(row.row_bytes))
+                    if progress is not None:
+                        progress.add_total(len(ok), sum(f.size for f in ok))
                     for f in ok:
                         try:
                             with open(f.path, "rb") as fh:
@@ -358,7 +362,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                         except OSError as e:  # reported; the other files are still checked
                             d["unreadable"].append({"path": f.path, "error": _os_error_text(e)})
                         if progress is not None:
-                            progress(f.size)
+                            progress.update(f.size)
                 from ._compact import _header_bytes
 
                 per = _header_bytes(row, ok[0]) + row.layout.payload_bytes if ok else 0

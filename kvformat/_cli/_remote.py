@@ -16,7 +16,7 @@ from .._spec import FILE_SUFFIX, NAMESPACE_FILE, BlockHeader, CanonicalLayout
 from ..errors import KVFormatError
 from ..storage import Store, StoreEntry, open_store
 from ._inspect import _NsAcc, _totals, file_view
-from ._util import UsageError
+from ._util import ProgressSink, UsageError
 
 # Objects per header round, and payload bytes held in memory per verify round.
 _BATCH = 256
@@ -92,7 +92,7 @@ def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHea
 
 
 def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
-               progress: Callable[[int], None] | None = None, ignored: list[dict[str, str]] | None = None,
+               progress: ProgressSink | None = None, ignored: list[dict[str, str]] | None = None,
                ) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
     """Every block file's header under ``prefix`` (every payload too with ``verify``), per namespace.
 
@@ -105,17 +105,16 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
     """
     accs: dict[str, _NsAcc] = {}
     bad: list[tuple[str, KVFormatError]] = []
-    nss = {prefix} if prefix else set(store._namespace_dirs())  # the one listing of namespaces a Store has
     entries = []
     for e in store.list(prefix):
-        parts = block_path_parts(e.relpath)
-        if parts is None or parts[0] not in nss:
+        if block_path_parts(e.relpath) is None:  # no load ever opens it
             if ignored is not None:
-                why = (f"not a block path ({BLOCK_PATH_HELP})" if parts is None
-                       else f"{parts[0]} has no namespace.json (not a kvformat namespace)")
-                ignored.append({"path": f"{store.root}/{e.relpath}", "why": why + ": not checked"})
+                ignored.append({"path": f"{store.root}/{e.relpath}",
+                                "why": f"not a block path ({BLOCK_PATH_HELP}): not checked"})
             continue
-        entries.append(e)
+        entries.append(e)  # checked even outside a namespace; only verify_url decides what may move
+    if progress is not None:
+        progress.add_total(len(entries), sum(e.size for e in entries))
 
     def ok(e: StoreEntry, h: BlockHeader) -> None:
         acc = _acc(e)
@@ -153,7 +152,7 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
             fail(e, err)
             return False
         if progress is not None and not verify:
-            progress(e.size)
+            progress.update(e.size)
         return True
 
     for chunk in _chunks(entries, _BATCH):
@@ -173,7 +172,7 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
                 if sort(e, r):
                     ok(e, r)
                 if progress is not None:
-                    progress(e.size)
+                    progress.update(e.size)
     if prefix:
         accs.setdefault(prefix, _NsAcc(prefix))
     else:  # empty namespaces still show up
@@ -210,7 +209,7 @@ def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
             "totals": _totals(nss), "ignored": ignored, "unreadable": []}
 
 
-def verify_url(url: str, *, quarantine: bool = False, progress: Callable[[int], None] | None = None
+def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | None = None
                ) -> dict[str, Any]:
     """A full checksum and placement pass over a remote object, namespace or root: the verify report.
 
@@ -220,6 +219,7 @@ def verify_url(url: str, *, quarantine: bool = False, progress: Callable[[int], 
                            "errors": [], "quarantined": [], "quarantine_failed": [], "ignored": [], "exit_code": 0}
     if url.rstrip("/").endswith(FILE_SUFFIX):
         store, rel = _open_file(url)
+        nss: set[str] | None = None  # one object: in_ns decides
         parts = block_path_parts(rel)
         in_ns = parts is not None and store.exists(f"{parts[0]}/{NAMESPACE_FILE}")
         errs: list[tuple[str, KVFormatError]] = []
@@ -245,10 +245,16 @@ def verify_url(url: str, *, quarantine: bool = False, progress: Callable[[int], 
                              "nothing to verify")
         accs, errs = scan_store(store, prefix, verify=True, progress=progress, ignored=rep["ignored"])
         rep["checked"] = sum(a.files for a in accs)
+        nss = set(store._namespace_dirs())
         in_ns = True
     for rel, e in errs:
         rep["bad"].append({"path": f"{store.root}/{rel}", "reason": e.reason, "message": e.message})
-        if quarantine and in_ns:
+        may_move = in_ns if nss is None else rel.split("/", 1)[0] in nss  # never outside a namespace
+        if quarantine and not may_move:
+            if nss is not None:  # (one object outside a namespace is already listed as such)
+                rep["ignored"].append({"path": f"{store.root}/{rel}", "why": "not inside a kvformat namespace (no "
+                                       "namespace.json): never quarantined"})
+        elif quarantine:
             try:
                 new = store.quarantine(rel, e.reason)
             except OSError as qe:

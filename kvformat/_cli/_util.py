@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Protocol, Sequence, TextIO
 
 from .._sizes import format_size, parse_limit, parse_size
 from ..errors import UsageError
@@ -120,6 +120,14 @@ def progress_wanted(quiet: bool, json_out: bool, stream: TextIO | None = None) -
     return not quiet and not json_out and bool(getattr(s, "isatty", lambda: False)())
 
 
+class ProgressSink(Protocol):
+    """What a long scan reports to: first how much there is (possibly in parts), then each file done."""
+
+    def add_total(self, files: int, nbytes: int) -> None: ...
+
+    def update(self, n_bytes: int, n: int = 1) -> None: ...
+
+
 class Progress:
     """A progress bar on a terminal (stderr, redrawn at most 10x/s); nothing on a pipe or when disabled.
 
@@ -149,6 +157,12 @@ class Progress:
             if now - self._last >= 0.1 or self.done >= self.total:
                 self._last = now
                 self._draw(now)
+
+    def add_total(self, files: int, nbytes: int) -> None:
+        """More work became known (a scan lists before it checks; a mixed root has two sides)."""
+        with self._lock:
+            self.total += files
+            self.total_bytes += nbytes
 
     def note(self, line: str) -> None:
         """A line that must not be mangled by the bar (failures)."""

@@ -8,7 +8,7 @@ needs ``--page-bytes``, a quarantine move that failed), else 1 when a bad file w
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
 from .._io import read_header, read_into
 from .._placement import block_path_parts, placement_error
@@ -19,7 +19,7 @@ from ._inspect import (
     _os_error_text, find_store_root, inspect_legacy, inspect_legacy_file, legacy_file_namespace, namespace_dirs,
     scan_root,
 )
-from ._util import UsageError
+from ._util import ProgressSink, UsageError
 
 _NO_QUARANTINE_LEGACY = "--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by"
 
@@ -30,7 +30,7 @@ def _report(path: str) -> dict[str, Any]:
 
 
 def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_bytes: int | None = None,
-                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                progress: ProgressSink | None = None) -> dict[str, Any]:
     """Verify a file, a namespace, a kvformat root, a legacy root (or a root holding both) or a URL."""
     if "://" in path:
         from ._remote import verify_url
