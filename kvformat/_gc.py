@@ -17,8 +17,9 @@ CLI's and the tier's ``0``) means no limit: nothing is evicted.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ._io import iter_files
 from ._placement import BLOCK_PATH_HELP, block_path_parts
@@ -76,7 +77,7 @@ def open_gc_root(root: str) -> Store:
     files gc must not treat as one LRU set).
     """
     if "://" not in root or root.startswith("file://"):
-        path = root[len("file://"):] if root.startswith("file://") else root
+        path = root.removeprefix("file://")
         if not os.path.isdir(path):
             raise UsageError(f"{root}: not a directory")
         if os.path.isfile(os.path.join(path, NAMESPACE_FILE)):

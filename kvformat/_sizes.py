@@ -12,13 +12,14 @@ by accident and would contradict the tier. :func:`parse_limit` returns None for 
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 from typing import Any
 
 from .errors import UsageError
 
-__all__ = ["UNITS", "parse_size", "parse_limit", "format_size"]
+__all__ = ["UNITS", "format_size", "parse_limit", "parse_size"]
 
 UNITS: dict[str, int] = {"": 1, "b": 1}
 for _i, _p in enumerate("kmgtp", start=1):
@@ -37,7 +38,7 @@ def parse_size(value: Any, name: str = "size") -> int:
     if isinstance(value, int):
         n = value
     elif isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise UsageError(f"{name}: expected a byte count {_EXAMPLES}, got {value!r}")
         n = int(value)
     elif isinstance(value, str):

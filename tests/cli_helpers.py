@@ -3,8 +3,8 @@ another user), and a flip of one byte."""
 
 from __future__ import annotations
 
-import os
 import concurrent.futures.thread  # noqa: F401  (run_as: imported before the child drops privileges)
+import os
 import pty
 import select
 import subprocess
@@ -12,11 +12,10 @@ import sys
 import tempfile
 
 import numpy as np
+from legacy_trees import MODEL, layer_names
 
 import kvformat as K
 from kvformat.storage import open_store
-
-from legacy_trees import MODEL, layer_names
 
 CODE = "import sys; from kvformat._cli import main; sys.exit(main(sys.argv[1:]))"
 NOBODY = 65534

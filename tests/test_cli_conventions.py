@@ -15,6 +15,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import (
+    CODE,
+    cli,
+    cli_on_pty,
+    flip,
+    kv_root,
+    other_user,
+    run_as,
+    shared_tmpdir,
+)
+from legacy_trees import build
 
 from kvformat._cli import EXIT_CODES, _parser, main
 from kvformat._cli._schema import SCHEMAS, validate
@@ -22,9 +33,6 @@ from kvformat._cli._util import human
 from kvformat._sizes import parse_limit, parse_size
 from kvformat._tier._config import TierConfig
 from kvformat.errors import SchemaError, UsageError
-
-from cli_helpers import CODE, cli, cli_on_pty, flip, kv_root, other_user, run_as, shared_tmpdir
-from legacy_trees import build
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 COMMANDS = ("inspect", "verify", "compact", "gc", "demo")
@@ -53,15 +61,15 @@ def test_help_lists_exit_codes_and_examples(argv, capsys):
     out = capsys.readouterr().out
     assert "examples:" in out and "exit codes:" in out
     for code, text in EXIT_CODES.items():
-        assert re.search(rf"^\s+{code}\s+{re.escape(text[:30])}", out, re.M), (argv, code)
+        assert re.search(rf"^\s+{code}\s+{re.escape(text[:30])}", out, re.MULTILINE), (argv, code)
     cmd = argv[0] if argv[0] != "--help" else None
-    assert re.search(rf"^\s+kvformat {cmd or ''}", out, re.M)  # the examples are commands of this command
+    assert re.search(rf"^\s+kvformat {cmd or ''}", out, re.MULTILINE)  # the examples are commands of this command
 
 
 def test_exit_codes_in_help_are_the_documented_ones():
     text = DOCS.read_text()
     for code in EXIT_CODES:
-        assert re.search(rf"^\| {code} \|", text, re.M), code
+        assert re.search(rf"^\| {code} \|", text, re.MULTILINE), code
 
 
 # -- one size syntax ---------------------------------------------------------------------------------
@@ -126,7 +134,7 @@ def test_jobs_validated_the_same_everywhere(value, tmp_path, capsys):
 def test_json_on_every_command_follows_its_documented_schema(tmp_path, capsys):
     text = DOCS.read_text()
     for name, schema in SCHEMAS.items():
-        block = re.search(rf"<!-- {name}-schema -->\n```json\n(.*?)\n```", text, re.S)
+        block = re.search(rf"<!-- {name}-schema -->\n```json\n(.*?)\n```", text, re.DOTALL)
         assert block and json.loads(block.group(1)) == schema, name
     root, rels = kv_root(str(tmp_path / "kv"), n=4)
     flip(os.path.join(root, rels[1]))

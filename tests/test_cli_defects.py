@@ -6,19 +6,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+from cli_helpers import (
+    cli,
+    flip,
+    kv_root,
+    layout,
+    other_user,
+    run_as,
+    shared_tmpdir,
+)
+from legacy_trees import build, config_dir
 
 import kvformat as K
 from kvformat._cli import main
 from kvformat.errors import LayoutMismatchError, LegacyLayoutError
 from kvformat.legacy import LegacyNamespace, find_namespaces
 from kvformat.storage import open_store
-
-from cli_helpers import CODE, cli, flip, kv_root, layout, other_user, run_as, shared_tmpdir
-from legacy_trees import build, config_dir
 
 
 def _json(argv, capsys) -> tuple[int, dict]:
@@ -148,7 +153,7 @@ BAD_CONFIGS = {
 def test_malformed_legacy_config_is_a_layout_error_not_a_traceback(case, tmp_path, capsys):
     key, value = BAD_CONFIGS[case]
     bad = build(str(tmp_path / "src"), tp=2, n_files=2)
-    good = build(str(tmp_path / "src"), tp=2, n_files=2, salt="good", model="other/Model")
+    build(str(tmp_path / "src"), tp=2, n_files=2, salt="good", model="other/Model")  # a good neighbour
     cfg_path = os.path.join(config_dir(bad), "config.json")
     cfg = json.load(open(cfg_path))
     cfg[key] = value

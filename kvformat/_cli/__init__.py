@@ -11,12 +11,23 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import KVFormatError, UsageError
-from ._util import MAX_JOBS, human, int_arg, iso, jobs_arg, mode_arg, progress_wanted, shown, size_arg
+from ._util import (
+    MAX_JOBS,
+    human,
+    int_arg,
+    iso,
+    jobs_arg,
+    mode_arg,
+    progress_wanted,
+    shown,
+    size_arg,
+)
 
-__all__ = ["main", "EXIT_CODES"]
+__all__ = ["EXIT_CODES", "main"]
 
 EXIT_OK, EXIT_BAD, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 3, 130, 141
 EXIT_CODES = {
@@ -218,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err(args.cmd, "interrupted")
         return EXIT_INTERRUPTED
-    except Exception as e:  # last resort: a bug must not read as "bad files" (1) or print a bare traceback
+    except Exception as e:  # noqa: BLE001 - last resort: a bug must not read as "bad files" (1) or a bare traceback
         _err(args.cmd, f"internal error (a bug in kvformat; please report it): {type(e).__name__}: {shown(str(e))}")
         if os.environ.get("KVFORMAT_DEBUG"):
             traceback.print_exc()
@@ -226,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    return path.removeprefix("file://")
 
 
 def _bar(a: argparse.Namespace, label: str, total: int, total_bytes: int = 0) -> Any:
@@ -236,8 +247,14 @@ def _bar(a: argparse.Namespace, label: str, total: int, total_bytes: int = 0) ->
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._inspect import inspect_file, inspect_legacy, inspect_root, render_file, render_root
     from ..legacy import is_legacy_root
+    from ._inspect import (
+        inspect_file,
+        inspect_legacy,
+        inspect_root,
+        render_file,
+        render_root,
+    )
 
     path = _local(a.path)
     if "://" in path:
@@ -250,7 +267,11 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         _emit(d) if a.json else _out(render_root(d))
         return EXIT_BAD if d["totals"]["corrupt"] else EXIT_OK
     if os.path.isfile(path):
-        from ._inspect import inspect_legacy_file, legacy_file_namespace, render_legacy_file
+        from ._inspect import (
+            inspect_legacy_file,
+            legacy_file_namespace,
+            render_legacy_file,
+        )
 
         hit = legacy_file_namespace(path) if path.endswith(".bin") else None
         if hit is not None:
@@ -285,7 +306,7 @@ class _Scanning:
     def __enter__(self) -> Any:
         return self.bar if self.bar is not None and self.bar.enabled else None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
 

@@ -247,8 +247,8 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
         rep["checked"] = sum(a.files for a in accs)
         nss = set(store._namespace_dirs())
         in_ns = True
-    for rel, e in errs:
-        rep["bad"].append({"path": f"{store.root}/{rel}", "reason": e.reason, "message": e.message})
+    for rel, bad_err in errs:
+        rep["bad"].append({"path": f"{store.root}/{rel}", "reason": bad_err.reason, "message": bad_err.message})
         may_move = in_ns if nss is None else rel.split("/", 1)[0] in nss  # never outside a namespace
         if quarantine and not may_move:
             if nss is not None:  # (one object outside a namespace is already listed as such)
@@ -256,7 +256,7 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
                                        "namespace.json): never quarantined"})
         elif quarantine:
             try:
-                new = store.quarantine(rel, e.reason)
+                new = store.quarantine(rel, bad_err.reason)
             except OSError as qe:
                 rep["quarantine_failed"].append({"path": f"{store.root}/{rel}", "error": str(qe)})
                 continue

@@ -7,14 +7,28 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable, Protocol, Sequence, TextIO
+from typing import Any, Protocol, TextIO
 
 from .._sizes import format_size, parse_limit, parse_size
 from ..errors import UsageError
 
-__all__ = ["UsageError", "human", "parse_size", "parse_limit", "shown", "iso", "table", "Progress", "jobs_arg",
-           "int_arg", "size_arg", "mode_arg", "MAX_JOBS"]
+__all__ = [
+    "MAX_JOBS",
+    "Progress",
+    "UsageError",
+    "human",
+    "int_arg",
+    "iso",
+    "jobs_arg",
+    "mode_arg",
+    "parse_limit",
+    "parse_size",
+    "shown",
+    "size_arg",
+    "table",
+]
 
 MAX_JOBS = 256  # the tier's read_threads/write_threads bound too
 

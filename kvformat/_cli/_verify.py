@@ -16,7 +16,12 @@ from ..errors import KVFormatError
 from ..legacy import is_legacy_root
 from ..storage import LocalStore
 from ._inspect import (
-    _os_error_text, find_store_root, inspect_legacy, inspect_legacy_file, legacy_file_namespace, namespace_dirs,
+    _os_error_text,
+    find_store_root,
+    inspect_legacy,
+    inspect_legacy_file,
+    legacy_file_namespace,
+    namespace_dirs,
     scan_root,
 )
 from ._util import ProgressSink, UsageError
