@@ -278,3 +278,35 @@ def test_quarantine_shown_by_inspect_and_purged_by_gc(tmp_path, capsys):
     assert all(os.path.exists(os.path.join(root, r)) for r in rels[2:])  # block files untouched
     assert main(["inspect", root, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["quarantine"]["files"] == 0
+
+
+# -- the CLI stays thin ------------------------------------------------------------------------------------
+def test_cli_modules_import_no_private_names_from_each_other():
+    import ast
+
+    pkg = Path(__file__).resolve().parent.parent / "kvformat" / "_cli"
+    offenders = []
+    for f in pkg.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                offenders += [f"{f.name}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert offenders == []
+
+
+def test_scan_engine_is_a_library_api(tmp_path):
+    from kvformat.scan import scan_root
+
+    root, rels = kv_root(str(tmp_path / "kv"), n=3)
+    flip(os.path.join(root, rels[2]))
+    seen = []
+
+    class Sink:
+        def add_total(self, files, nbytes):
+            seen.append(("total", files))
+
+        def update(self, n_bytes, n=1):
+            seen.append(("file", n_bytes))
+
+    res = scan_root(root, verify=True, progress=Sink())
+    assert [r for r, _ in res.bad] == [rels[2]] and res.accs[0].files == 3 and res.unreadable == []
+    assert seen[0] == ("total", 3) and len(seen) == 4

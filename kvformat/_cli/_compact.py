@@ -275,7 +275,8 @@ def _read_exact(fd: int, buf: memoryview) -> int:
     return got
 
 
-def _header_bytes(row: RowLayout, f: LegacyFile) -> int:
+def output_header_bytes(row: RowLayout, f: LegacyFile) -> int:
+    """Bytes of the header region compact writes for ``f`` (what inspect's "compacted" size adds per file)."""
     hdr = encode_header(row.layout, key_for(f), provenance_for(row, int(f.mtime), WRITER), codec="none",
                         data_bytes=row.layout.payload_bytes, data_xxh3="0" * 16, raw_xxh3="0" * 16)
     return len(hdr)
@@ -370,7 +371,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
                 for f in gfiles:
                     rep.ignored.append(Ignored(f.path, f"row layout unknown: {e.message}"))
                 continue
-            hdr_bytes = _header_bytes(row, gfiles[0])
+            hdr_bytes = output_header_bytes(row, gfiles[0])
             n_ok = 0
             for f in gfiles:
                 if f.size != row.row_bytes:

@@ -25,7 +25,8 @@ from ..errors import ChecksumError, UsageError
 from ..legacy import ROW_ALIGN, legacy_fields, write_legacy_row
 from ..storage import open_store
 from ._compact import compact, summary_lines
-from ._inspect import find_store_root, inspect_file, inspect_legacy, inspect_root, render_file, render_root, scan_root
+from ..scan import find_store_root, scan_root
+from ._inspect import inspect_file, inspect_legacy, inspect_root, render_file, render_root
 from ._util import human
 
 MODEL = "deepseek-ai/DeepSeek-V3"

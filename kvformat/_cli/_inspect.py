@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-from .._io import UnsafeFileError, is_regular_file, iter_files, read_header, read_into, read_small_file
-from .._placement import BLOCK_PATH_HELP, block_path_parts, placement_error
-from .._spec import NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
+from .._io import read_header, read_into
+from .._spec import BlockHeader
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
 from ..legacy import Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files
-from ..storage import StoreEntry
-from ..storage._local import scan_entries
-from ._util import ProgressSink, UsageError, human, iso, shown, table
+from ..scan import (
+    ProgressSink, find_store_root, os_error_text, quarantine_summary,
+    scan_root, totals,
+)
+from ._util import UsageError, human, iso, shown, table
 
 
 # -- one file ------------------------------------------------------------------------------------------
@@ -88,199 +86,6 @@ def render_file(d: dict[str, Any]) -> str:
 
 
 # -- a kvformat root -----------------------------------------------------------------------------------
-@dataclass
-class _NsAcc:
-    namespace: str
-    layout: CanonicalLayout | None = None
-    files: int = 0
-    bytes: int = 0
-    raw: int = 0
-    data: int = 0
-    tps: Counter = field(default_factory=Counter)
-    corrupt: int = 0
-    oldest: float | None = None
-    newest: float | None = None
-    bad: list[dict[str, str]] = field(default_factory=list)
-    unreadable: list[dict[str, str]] = field(default_factory=list)
-
-    def add_time(self, t: float) -> None:
-        self.oldest = t if self.oldest is None else min(self.oldest, t)
-        self.newest = t if self.newest is None else max(self.newest, t)
-
-    def to_dict(self) -> dict[str, Any]:
-        lay = self.layout
-        return {
-            "namespace": self.namespace, "model": lay.model if lay else None, "kv_dtype": lay.kv_dtype if lay else None,
-            "tokens_per_block": lay.tokens_per_block if lay else None,
-            "blocks_per_chunk": lay.blocks_per_chunk if lay else None,
-            "layers": len(lay.layers) if lay else None, "files": self.files, "bytes": self.bytes,
-            "tp_sizes": sorted(self.tps), "compression_ratio": round(self.raw / self.data, 4) if self.data else None,
-            "corrupt": self.corrupt, "oldest": self.oldest, "newest": self.newest, "bad_files": self.bad,
-            "unreadable": self.unreadable,
-        }
-
-
-@dataclass
-class ScanResult:
-    """A scan of a kvformat root: per-namespace totals, bad files, unreadable files, skipped paths."""
-
-    accs: list[_NsAcc]
-    bad: list[tuple[str, KVFormatError]]  # (relpath from the store root, error): the file is wrong
-    unreadable: list[tuple[str, OSError]]  # (relpath, error): the file could not be read, so not checked
-    ignored: list[Ignored]
-    namespaces: set[str] = field(default_factory=set)  # directories holding a regular namespace.json
-
-
-def namespace_dirs(root: str) -> set[str]:
-    """Top-level directories of ``root`` holding a regular namespace.json (never through a symlink)."""
-    try:
-        with os.scandir(root) as it:
-            return {d.name for d in it if d.is_dir(follow_symlinks=False)
-                    and is_regular_file(os.path.join(d.path, NAMESPACE_FILE))}
-    except (FileNotFoundError, NotADirectoryError):
-        return set()
-
-
-def _check_entry(root: str, e: StoreEntry, verify: bool
-                 ) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]:
-    """What a load of the file would find: its header (and payload), checked against its path."""
-    path = os.path.join(root, e.relpath)
-    try:
-        hdr = read_header(path, verify=True)
-        err = placement_error(e.relpath, hdr)
-        if err is not None:
-            return e, None, err.with_path(path)
-        if verify:
-            read_into(path, bytearray(hdr.raw_bytes), verify=True)
-        return e, hdr, None
-    except KVFormatError as err:
-        return e, None, err
-    except FileNotFoundError:  # removed since listing (gc, a tier quarantining it)
-        return e, None, None
-    except OSError as err:  # EACCES, EIO…: reported, and the scan goes on with the other files
-        return e, None, err
-
-
-def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 4,
-              progress: ProgressSink | None = None) -> ScanResult:
-    """Read every block file's header under a kvformat root (and every payload with ``verify``).
-
-    ``root`` is the store root; ``prefix`` a namespace to scan alone. Only files at a block path
-    (``<namespace>/<hh>/<hh>/<hash>.kvf``) in a namespace directory are checked, each exactly as a
-    load checks it (header, key and namespace against its path; checksums); other ``.kvf`` files
-    are listed in ``ignored``, as is a namespace.json that is a symlink or not a regular file.
-    ``progress`` is told the number of files once listed, then each file's size once it is checked.
-
-    Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
-    verification reads and hashes in threads (I/O and xxh3 release the GIL).
-    """
-    root = os.path.abspath(root)
-    accs: dict[str, _NsAcc] = {}
-    res = ScanResult([], [], [], [])
-    nss = namespace_dirs(root)
-    if prefix:
-        nss &= {prefix}
-    entries = []
-    for e in scan_entries(os.path.join(root, prefix) if prefix else root, f"{prefix}/" if prefix else ""):
-        parts = block_path_parts(e.relpath)
-        if parts is None:  # no load ever opens it: not the tier's file, so not ours to judge
-            res.ignored.append(Ignored(os.path.join(root, e.relpath), f"not a block path ({BLOCK_PATH_HELP}): "
-                                       "not checked"))
-            continue
-        # A block path in a directory without a regular namespace.json is still checked (reading is
-        # harmless), but it is not inside a namespace, so nothing ever moves or deletes it.
-        entries.append(e)
-    results: Iterable[tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]]
-    if progress is not None:
-        progress.add_total(len(entries), sum(e.size for e in entries))
-    ex = None
-    if verify and jobs > 1 and len(entries) > 16:
-        ex = ThreadPoolExecutor(max_workers=jobs)
-        results = ex.map(lambda e: _check_entry(root, e, verify), entries)
-    else:
-        results = (_check_entry(root, e, verify) for e in entries)
-    try:
-        for e, hdr, err in results:
-            ns = e.relpath.split("/", 1)[0]
-            acc = accs.get(ns) or accs.setdefault(ns, _NsAcc(ns))
-            if progress is not None:
-                progress.update(e.size)
-            if hdr is None and err is None:
-                continue
-            if isinstance(err, OSError):
-                acc.unreadable.append({"path": e.relpath, "error": _os_error_text(err)})
-                res.unreadable.append((e.relpath, err))
-                continue
-            acc.files += 1
-            acc.bytes += e.size
-            acc.add_time(e.mtime)
-            if err is not None:
-                acc.corrupt += 1
-                acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
-                res.bad.append((e.relpath, err))
-                continue
-            assert hdr is not None
-            if acc.layout is None:
-                acc.layout = hdr.layout
-            acc.tps[hdr.provenance.tp] += 1
-            acc.raw += hdr.raw_bytes
-            acc.data += hdr.data_bytes
-    finally:
-        if ex is not None:
-            ex.shutdown()
-    for ns in nss:  # empty namespaces still show up
-        accs.setdefault(ns, _NsAcc(ns))
-    res.namespaces = nss
-    for acc in accs.values():
-        if acc.layout is None:
-            acc.layout = _layout_from_doc(root, acc.namespace, res.ignored)
-    res.accs = [accs[k] for k in sorted(accs)]
-    return res
-
-
-def _os_error_text(e: OSError) -> str:
-    """An OSError without its file name (the report already names the file)."""
-    name = errno.errorcode.get(e.errno or 0, type(e).__name__)
-    return f"{name}: {e.strerror or e}"
-
-
-def quarantine_summary(root: str) -> dict[str, Any]:
-    """Files under ``<root>/.quarantine`` (never through a symlink): count, bytes, count per reason."""
-    out: dict[str, Any] = {"path": os.path.join(root, QUARANTINE_DIR), "files": 0, "bytes": 0, "reasons": {}}
-    qdir = os.path.join(root, QUARANTINE_DIR)
-    if not os.path.isdir(qdir) or os.path.islink(qdir):
-        return out
-    for _rel, e in iter_files(qdir, ""):
-        try:
-            size = e.stat(follow_symlinks=False).st_size
-        except FileNotFoundError:
-            continue
-        reason = e.name.rsplit(".", 1)[-1] if "." in e.name else "-"
-        out["files"] += 1
-        out["bytes"] += size
-        out["reasons"][reason] = out["reasons"].get(reason, 0) + 1
-    return out
-
-
-def _layout_from_doc(root: str, ns: str, ignored: list[Ignored] | None = None) -> CanonicalLayout | None:
-    import json
-
-    path = os.path.join(root, ns, NAMESPACE_FILE)
-    try:
-        doc = json.loads(read_small_file(path))
-    except UnsafeFileError as e:
-        if ignored is not None:
-            ignored.append(Ignored(path, f"namespace.json is {e.strerror}: not read"))
-        return None
-    except (OSError, ValueError):
-        return None
-    try:
-        ident = doc["identity"]
-        return CanonicalLayout.from_dict({**ident, "layers": [x[:3] for x in ident["layers"]]})
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def inspect_root(root: str, *, verify: bool = False, jobs: int = 4,
                  progress: ProgressSink | None = None) -> dict[str, Any]:
     """The ``inspect`` object of a kvformat root or one namespace directory (per-namespace table)."""
@@ -290,15 +95,10 @@ def inspect_root(root: str, *, verify: bool = False, jobs: int = 4,
     res = scan_root(store_root, prefix, verify=verify, jobs=jobs, progress=progress)
     nss = [a.to_dict() for a in res.accs]
     return {"kind": "kvformat_root", "path": root, "verified_data": verify, "namespaces": nss,
-            "totals": _totals(nss), "ignored": [{"path": i.path, "why": i.why} for i in res.ignored],
-            "unreadable": [{"path": os.path.join(store_root, r), "error": _os_error_text(e)}
+            "totals": totals(nss), "ignored": [{"path": i.path, "why": i.why} for i in res.ignored],
+            "unreadable": [{"path": os.path.join(store_root, r), "error": os_error_text(e)}
                            for r, e in res.unreadable],
             "quarantine": quarantine_summary(store_root)}
-
-
-def _totals(nss: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"namespaces": len(nss), "files": sum(n["files"] for n in nss), "bytes": sum(n["bytes"] for n in nss),
-            "corrupt": sum(n["corrupt"] for n in nss)}
 
 
 # -- a legacy vLLM root --------------------------------------------------------------------------------
@@ -360,18 +160,18 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                         except FileNotFoundError:  # removed since the listing
                             pass
                         except OSError as e:  # reported; the other files are still checked
-                            d["unreadable"].append({"path": f.path, "error": _os_error_text(e)})
+                            d["unreadable"].append({"path": f.path, "error": os_error_text(e)})
                         if progress is not None:
                             progress.update(f.size)
-                from ._compact import _header_bytes
+                from ._compact import output_header_bytes
 
-                per = _header_bytes(row, ok[0]) + row.layout.payload_bytes if ok else 0
+                per = output_header_bytes(row, ok[0]) + row.layout.payload_bytes if ok else 0
                 d["tp_sizes"] = [row.copies] if row.kind == "per_worker" else [ns.parallel()["tp"]]
                 d["legacy"].update({"row": row.kind, "slots": row.copies, "page_bytes": row.page_bytes,
                                     "row_bytes": row.row_bytes, "padding": row.padding,
                                     "compacted_bytes": per * len(ok), "compacted_namespace": row.layout.namespace()})
             nss.append(d)
-    return {"kind": "legacy_root", "path": root, "verified_data": verify, "namespaces": nss, "totals": _totals(nss),
+    return {"kind": "legacy_root", "path": root, "verified_data": verify, "namespaces": nss, "totals": totals(nss),
             "ignored": [{"path": i.path, "why": i.why} for i in ignored],
             "errors": [{"path": e.path or root, "message": e.message} for e in cfg_errors],
             "unreadable": [u for n in nss for u in n["unreadable"]]}
@@ -439,25 +239,6 @@ def render_root(d: dict[str, Any]) -> str:
         for b in n["bad_files"][:20]:
             lines.append(f"BAD {shown(b['path'])}: {b['reason']}: {shown(b['message'])}")
     return "\n".join(lines)
-
-
-# -- verify --------------------------------------------------------------------------------------------
-def find_store_root(path: str) -> tuple[str, str]:
-    """(store root, relpath prefix) for a kvformat root, a namespace directory, or a file inside one."""
-    p = os.path.abspath(path)
-    d = p if os.path.isdir(p) else os.path.dirname(p)
-    probe = d
-    while True:
-        if is_regular_file(os.path.join(probe, NAMESPACE_FILE)):
-            root = os.path.dirname(probe)
-            return root, os.path.relpath(p, root).replace(os.sep, "/")
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if os.path.isdir(p):
-        return p, ""
-    return os.path.dirname(p), os.path.basename(p)
 
 
 # -- one legacy file -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from .._sizes import format_size, parse_limit, parse_size
 from ..errors import UsageError
@@ -132,14 +132,6 @@ def progress_wanted(quiet: bool, json_out: bool, stream: TextIO | None = None) -
     """Progress is drawn only on a terminal: never in pipes, with --quiet, or with --json."""
     s = stream or sys.stderr
     return not quiet and not json_out and bool(getattr(s, "isatty", lambda: False)())
-
-
-class ProgressSink(Protocol):
-    """What a long scan reports to: first how much there is (possibly in parts), then each file done."""
-
-    def add_total(self, files: int, nbytes: int) -> None: ...
-
-    def update(self, n_bytes: int, n: int = 1) -> None: ...
 
 
 class Progress:

@@ -15,16 +15,9 @@ from .._placement import block_path_parts, placement_error
 from ..errors import KVFormatError
 from ..legacy import is_legacy_root
 from ..storage import LocalStore
-from ._inspect import (
-    _os_error_text,
-    find_store_root,
-    inspect_legacy,
-    inspect_legacy_file,
-    legacy_file_namespace,
-    namespace_dirs,
-    scan_root,
-)
-from ._util import ProgressSink, UsageError
+from ..scan import ProgressSink, find_store_root, namespace_dirs, os_error_text, scan_root
+from ._inspect import inspect_legacy, inspect_legacy_file, legacy_file_namespace
+from ._util import UsageError
 
 _NO_QUARANTINE_LEGACY = "--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by"
 
@@ -52,7 +45,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
             try:
                 d = inspect_legacy_file(*hit, verify=True, page_bytes=page_bytes)
             except OSError as e:
-                rep["unreadable"].append({"path": path, "error": _os_error_text(e)})
+                rep["unreadable"].append({"path": path, "error": os_error_text(e)})
                 return _finish(rep)
             rep["checked"] = 1
             if d["error"]:
@@ -73,7 +66,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         except KVFormatError as e:
             err = e
         except OSError as e:
-            rep["unreadable"].append({"path": path, "error": _os_error_text(e)})
+            rep["unreadable"].append({"path": path, "error": os_error_text(e)})
             return _finish(rep)
         if err is not None:
             rep["bad"].append({"path": path, "reason": err.reason, "message": err.message})
@@ -104,7 +97,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
                 elif quarantine:
                     rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "
                                            "(no regular namespace.json): never quarantined"})
-            rep["unreadable"] += [{"path": os.path.join(root, r), "error": _os_error_text(e)} for r, e in res.unreadable]
+            rep["unreadable"] += [{"path": os.path.join(root, r), "error": os_error_text(e)} for r, e in res.unreadable]
         if legacy:
             d = inspect_legacy(path, verify=True, page_bytes=page_bytes, progress=progress)
             rep["checked"] += d["totals"]["files"]
@@ -125,7 +118,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
             try:
                 new = LocalStore(root).quarantine(rel, reason)
             except OSError as e:  # a read-only tree: keep the report, say what was not moved
-                rep["quarantine_failed"].append({"path": os.path.join(root, rel), "error": _os_error_text(e)})
+                rep["quarantine_failed"].append({"path": os.path.join(root, rel), "error": os_error_text(e)})
                 continue
             if new:
                 rep["quarantined"].append(os.path.join(root, new))
