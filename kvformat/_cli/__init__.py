@@ -346,14 +346,19 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_compact(a: argparse.Namespace) -> int:
-    from ._compact import check_destination, compact, summary_lines
+    from ..compact import check_destination, compact
+    from ._compact import summary_lines
 
     if not os.path.isdir(a.src):
         raise UsageError(f"{a.src}: not a directory")
     check_destination(a.src, a.dst)
-    rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
-                  page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync, mode=a.mode,
-                  progress=progress_wanted(a.quiet, a.json))
+    bar = _bar(a, "compact", 0)  # draws only on a terminal; failure lines always reach stderr
+    try:
+        rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
+                      page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync, mode=a.mode,
+                      progress=bar)
+    finally:
+        bar.close()
     if a.json:
         _emit(rep.to_dict())
     else:

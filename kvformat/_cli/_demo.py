@@ -24,7 +24,8 @@ from .._spec import BlockKey, block_relpath
 from ..errors import ChecksumError, UsageError
 from ..legacy import ROW_ALIGN, legacy_fields, write_legacy_row
 from ..storage import open_store
-from ._compact import compact, summary_lines
+from ..compact import compact
+from ._compact import summary_lines
 from ..scan import find_store_root, scan_root
 from ._inspect import inspect_file, inspect_legacy, inspect_root, render_file, render_root
 from ._util import human

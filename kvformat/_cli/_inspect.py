@@ -163,7 +163,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                             d["unreadable"].append({"path": f.path, "error": os_error_text(e)})
                         if progress is not None:
                             progress.update(f.size)
-                from ._compact import output_header_bytes
+                from ..compact import output_header_bytes
 
                 per = output_header_bytes(row, ok[0]) + row.layout.payload_bytes if ok else 0
                 d["tp_sizes"] = [row.copies] if row.kind == "per_worker" else [ns.parallel()["tp"]]

@@ -123,11 +123,6 @@ def mode_arg(text: str) -> int:
     return v
 
 
-def dir_mode(file_mode: int) -> int:
-    """The directory mode that goes with a file mode: search (x) wherever read is granted."""
-    return file_mode | ((file_mode & 0o444) >> 2)
-
-
 def progress_wanted(quiet: bool, json_out: bool, stream: TextIO | None = None) -> bool:
     """Progress is drawn only on a terminal: never in pipes, with --quiet, or with --json."""
     s = stream or sys.stderr
@@ -175,7 +170,7 @@ class Progress:
         with self._lock:
             if self._drawn:
                 self.stream.write("\r\x1b[K")
-            self.stream.write(line + "\n")
+            self.stream.write(shown(line) + "\n")  # library lines carry raw file names
             if self._drawn:
                 self._draw(time.monotonic())
             self.stream.flush()
