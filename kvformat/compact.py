@@ -338,8 +338,8 @@ def check_destination(src: str, dst: str) -> None:
     ``--delete-source`` would delete the only copy of the cache.
     """
     if "://" in dst and not dst.startswith("file://"):
-        import fsspec
-        from fsspec.implementations.memory import MemoryFileSystem
+        import fsspec  # type: ignore[import-untyped]
+        from fsspec.implementations.memory import MemoryFileSystem  # type: ignore[import-untyped]
 
         proto = dst.split("://", 1)[0]
         try:

@@ -86,7 +86,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     print(render_root(inspect_legacy(legacy)))
 
     _say("3. kvformat compact <legacy root> <kvformat root>")
-    rep = compact(legacy, dst, jobs=2, progress=False)
+    rep = compact(legacy, dst, jobs=2)
     for line in summary_lines(rep):
         print(line)
     ok = rep.exit_code == 0 and rep.converted == n_blocks
