@@ -109,7 +109,7 @@ def test_size_zero_means_no_limit_everywhere(tmp_path, capsys):
     assert rc == 0 and rep["max_bytes"] is None and rep["deleted"] == 0 and rep["evicted"] == []
     assert all(os.path.exists(os.path.join(root, r)) for r in rels)
     assert main(["gc", root, "--max-bytes", "0"]) == 0
-    assert "(limit no limit)" in capsys.readouterr().out
+    assert "(no limit): deleted 0 least recently used files" in capsys.readouterr().out
     assert "**`0` means no limit**" in DOCS.read_text()
 
 

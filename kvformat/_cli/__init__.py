@@ -391,9 +391,9 @@ def _cmd_gc(a: argparse.Namespace) -> int:
         _out(f"NOT deleted {shown(f['path'])}: {shown(f['error'])}")
     for i in rep.ignored:
         _out(f"ignored {shown(i['path'])}: {shown(i['why'])}")
-    lim = "no limit" if limit is None else human(limit)
+    lim = "no limit" if limit is None else f"limit {human(limit)}"
     n = len(rep.victims)
-    line = (f"{rep.files_before} block files, {human(rep.bytes_before)} (limit {lim}): {verb} {n} least recently "
+    line = (f"{rep.files_before} block files, {human(rep.bytes_before)} ({lim}): {verb} {n} least recently "
             f"used files, {human(sum(v.size for v in rep.victims))}; {'would leave' if a.dry_run else 'now'} "
             f"{human(rep.bytes_after)}")
     if a.quarantine:
