@@ -23,6 +23,7 @@ __all__ = [
     "CodecError",
     "ReplicaMismatchError",
     "LegacyLayoutError",
+    "UsageError",
 ]
 
 
@@ -136,3 +137,10 @@ class LegacyLayoutError(KVFormatError, ValueError):
     def __init__(self, message: str, *, hint: str | None = None, path: str | None = None) -> None:
         self.hint = hint
         super().__init__(message + (f" (pass {hint})" if hint else ""), path=path)
+
+
+class UsageError(KVFormatError, ValueError):
+    """A bad value given by the user: a command-line argument or a configuration parameter.
+
+    The CLI exits with code 2 on it. Also a ``ValueError``, as a bad argument value is in Python.
+    """

@@ -59,7 +59,13 @@ except (OSError, AttributeError):  # pragma: no cover - non-glibc platforms
 
 @dataclass(frozen=True)
 class LegacyNamespace:
-    """One ``<model>_<digest>`` directory of a legacy root: its config.json and rank directories."""
+    """One ``<model>_<digest>`` directory of a legacy root: its config.json and rank directories.
+
+    config.json is untrusted input (any process that can write the cache directory can write it):
+    every accessor checks the type and range of what it returns and raises LegacyLayoutError
+    (naming config.json and the field) instead of a TypeError or a wrong default.
+    :meth:`validate` runs them all; :func:`find_namespaces` calls it.
+    """
 
     root: str
     base: str  # "<model>_<digest>"
@@ -68,35 +74,86 @@ class LegacyNamespace:
     digest_ok: bool  # sha256 of config.json fields reproduces the directory digest
 
     @property
+    def config_path(self) -> str:
+        return os.path.join(self.root, self.base, CONFIG_FILE)
+
+    def _bad(self, key: str, want: str, value: Any) -> LegacyLayoutError:
+        return LegacyLayoutError(f"config.json: {key} must be {want}, got {_short(value)}", path=self.config_path)
+
+    def _str(self, key: str, *, required: bool) -> str | None:
+        v = self.config.get(key)
+        if v is None and not required:
+            return None
+        if not isinstance(v, str) or not v:
+            raise self._bad(key, "a non-empty string", v)
+        return v
+
+    def _int(self, key: str, default: int, lo: int) -> int:
+        v = self.config.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise self._bad(key, f"an integer >= {lo}", v)
+        return v
+
+    @property
     def model(self) -> str:
-        return str(self.config.get("model_name", ""))
+        return self._str("model_name", required=True) or ""
 
     @property
     def dtype(self) -> str:
-        return str(self.config.get("dtype", ""))
+        return self._str("dtype", required=True) or ""
 
     @property
     def blocks_per_file(self) -> int:
-        return int(self.config.get("blocks_per_file", 1))
+        return self._int("blocks_per_file", 1, 1)
 
     @property
     def tokens_per_hash(self) -> int:
-        return int(self.config.get("tokens_per_hash", 0))
+        """0 when config.json does not say (the layout then uses tokens_per_block)."""
+        return self._int("tokens_per_hash", 0, 0)
 
     @property
     def replicated(self) -> bool:
-        return bool(self.config.get("replicated_layout", False))
+        v = self.config.get("replicated_layout", False)
+        if not isinstance(v, bool):
+            raise self._bad("replicated_layout", "true or false", v)
+        return v
 
     @property
     def canonical_format(self) -> str | None:
-        cf = self.config.get("canonical_format")
-        return str(cf) if cf is not None else None
+        return self._str("canonical_format", required=False)
 
     def groups(self) -> list[Mapping[str, Any]]:
-        return list(self.config.get("kv_cache_groups") or [])
+        """The KV-cache groups, each with a ``layer_names`` list of strings and a positive ``tokens_per_block``."""
+        gs = self.config.get("kv_cache_groups")
+        if not isinstance(gs, list):
+            raise self._bad("kv_cache_groups", "a list of groups", gs)
+        out: list[Mapping[str, Any]] = []
+        for i, g in enumerate(gs):
+            where = f"kv_cache_groups[{i}]"
+            if not isinstance(g, Mapping):
+                raise self._bad(where, "an object", g)
+            names = g.get("layer_names", [])
+            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                raise self._bad(f"{where}.layer_names", "a list of non-empty strings", names)
+            tpb = g.get("tokens_per_block")
+            if isinstance(tpb, bool) or not isinstance(tpb, int) or tpb < 1:
+                raise self._bad(f"{where}.tokens_per_block", "an integer >= 1", tpb)
+            out.append(dict(g))
+        return out
 
     def parallel(self) -> dict[str, int]:
-        return {k: int(self.config.get(f"{k}_size", 1)) for k in ("tp", "pp", "pcp", "dcp")}
+        return {k: self._int(f"{k}_size", 1, 1) for k in ("tp", "pp", "pcp", "dcp")}
+
+    def validate(self) -> None:
+        """Check every field the accessors read; raises LegacyLayoutError on the first bad one."""
+        _ = (self.model, self.dtype, self.blocks_per_file, self.tokens_per_hash, self.replicated,
+             self.canonical_format, self.groups(), self.parallel())
+
+
+def _short(value: Any) -> str:
+    """A config value for an error message: its type and at most 60 characters of its repr."""
+    r = repr(value)
+    return f"{type(value).__name__} {r[:60]}{'...' if len(r) > 60 else ''}"
 
 
 @dataclass(frozen=True)
@@ -198,14 +255,18 @@ def is_legacy_root(root: str) -> bool:
     return bool(find_namespaces(root, _probe=True))
 
 
-def find_namespaces(root: str, *, ignored: list[Ignored] | None = None, _probe: bool = False,
+def find_namespaces(root: str, *, ignored: list[Ignored] | None = None,
+                    errors: list[LegacyLayoutError] | None = None, _probe: bool = False,
                     ) -> list[LegacyNamespace]:
     """Every legacy namespace directly under ``root`` (sorted by directory name).
 
     A config.json that is a symlink, a FIFO, a device node or over 1 MiB is never opened or read:
     its namespace is skipped and, when ``ignored`` is given, recorded there.
 
-    Raises LegacyLayoutError for a config.json that is not valid JSON or lacks the fields vLLM writes.
+    A config.json that is not valid JSON, lacks the fields vLLM writes or holds a value of the wrong
+    type or range (:meth:`LegacyNamespace.validate`) raises LegacyLayoutError; when ``errors`` is
+    given, the error is appended there instead and that namespace skipped, so the others are still
+    found.
     """
     try:
         names = sorted(os.listdir(root))
@@ -235,13 +296,32 @@ def find_namespaces(root: str, *, ignored: list[Ignored] | None = None, _probe: 
             continue
         except (FileNotFoundError, NotADirectoryError):
             continue
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise LegacyLayoutError(f"config.json is not valid JSON: {e}", path=cfg_path) from None
-        if not isinstance(cfg, dict) or "model_name" not in cfg or "kv_cache_groups" not in cfg:
-            raise LegacyLayoutError("config.json lacks model_name/kv_cache_groups (not a vLLM fs-tier config)",
-                                    path=cfg_path)
-        out.append(LegacyNamespace(root, n, cfg, tuple(sorted(ranks.get(n, []))), _digest(cfg) == n[-12:]))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            err = LegacyLayoutError(f"config.json is not valid JSON: {e}", path=cfg_path)
+            if errors is None:
+                raise err from None
+            errors.append(err)
+            continue
+        try:
+            if not isinstance(cfg, dict) or "model_name" not in cfg or "kv_cache_groups" not in cfg:
+                raise LegacyLayoutError("config.json lacks model_name/kv_cache_groups (not a vLLM fs-tier config)",
+                                        path=cfg_path)
+            ns = LegacyNamespace(root, n, cfg, tuple(sorted(ranks.get(n, []))), _digest_ok(cfg, n))
+            ns.validate()
+        except LegacyLayoutError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            continue
+        out.append(ns)
     return out
+
+
+def _digest_ok(cfg: Mapping[str, Any], base: str) -> bool:
+    try:
+        return _digest(cfg) == base[-12:]
+    except (TypeError, ValueError):  # not JSON-serialisable back (cannot happen for parsed JSON; be safe)
+        return False
 
 
 def iter_legacy_files(ns: LegacyNamespace, ignored: list[Ignored] | None = None,

@@ -1,7 +1,7 @@
 """The ``kvformat`` command line: inspect, verify, compact, gc, demo. See docs/cli.md.
 
-Exit codes: 0 all good; 1 bad files found / some files failed; 2 usage error, unreadable input or
-an I/O error.
+The CLI parses arguments, calls the library and renders; ``main(argv) -> int`` returns the exit code
+(see ``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -10,69 +10,195 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ..errors import KVFormatError
-from ._util import UsageError, human, parse_size
+from ..errors import KVFormatError, UsageError
+from ._util import (
+    MAX_JOBS,
+    human,
+    int_arg,
+    iso,
+    jobs_arg,
+    mode_arg,
+    progress_wanted,
+    shown,
+    size_arg,
+)
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
+
+EXIT_OK, EXIT_BAD, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 3, 130, 141
+EXIT_CODES = {
+    EXIT_OK: "success: everything checked is good",
+    EXIT_BAD: "bad files found (corrupt, misplaced, replicas differ) or some files failed to convert",
+    EXIT_USAGE: "usage error, a path that is not a kvformat/legacy root, unreadable input or metadata, "
+                "a legacy layout that needs --page-bytes, an I/O error",
+    EXIT_INTERNAL: "internal error: a bug in kvformat (set KVFORMAT_DEBUG=1 for the traceback; please report it)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_PIPE: "stdout closed early (e.g. piped into head): stops quietly, as a tool killed by SIGPIPE does",
+}
+_SIZES = "SIZE: 1000000, 500G, 1.5TB, 64MiB (K/M/G/T/P = powers of 1000, KiB..PiB = powers of 1024)"
+
+
+def _exit_codes_text() -> str:
+    return "exit codes:\n" + "\n".join(f"  {c:<4} {t}" for c, t in EXIT_CODES.items())
+
+
+def _epilog(examples: str) -> str:
+    return f"examples:\n{examples}\n\n{_exit_codes_text()}\n\nsee docs/cli.md for the --json schemas."
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples' line breaks; shows defaults in the option help where they are stated."""
+
+
+def _sub(sub: Any, name: str, help_: str, description: str, examples: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_, description=description, epilog=_epilog(examples),
+                          formatter_class=_Formatter)
+
+
+def _common(s: argparse.ArgumentParser, *, progress: bool = True) -> None:
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON document on stdout instead of text (schema in docs/cli.md)")
+    if progress:
+        s.add_argument("--quiet", "-q", action="store_true",
+                       help="no progress bar (progress is drawn on stderr only when it is a terminal)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvformat", description="Inspect, verify, compact and bound kvformat KV caches.")
+    p = argparse.ArgumentParser(
+        prog="kvformat", formatter_class=_Formatter,
+        description="Inspect, verify, compact and bound kvformat KV-cache roots (and vLLM fs-tier caches).",
+        epilog=_epilog("  kvformat demo                                # the whole story, no flags (~2 s)\n"
+                       "  kvformat inspect /cache                      # per namespace: files, bytes, TP sizes, age\n"
+                       "  kvformat verify /cache --quarantine          # full checksum pass, bad files moved aside\n"
+                       "  kvformat compact /vllm-fs-cache /cache -j 2  # vLLM fs-tier rows -> kvformat files\n"
+                       "  kvformat gc /cache --max-bytes 500GiB        # evict least recently used files\n\n"
+                       + _SIZES))
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    s = sub.add_parser("inspect", help="show a file, a kvformat root or a legacy vLLM fs-tier root")
-    s.add_argument("path")
+    s = _sub(sub, "inspect", "show a file, a kvformat root or a legacy vLLM fs-tier root",
+             "Show one file (header, layout table, key, provenance, checksums) or a root (one row per namespace).",
+             "  kvformat inspect /cache\n  kvformat inspect /cache --verify --json\n"
+             "  kvformat inspect /cache/<namespace>/ab/cd/<hash>.kvf")
+    s.add_argument("path", metavar="PATH",
+                   help="a .kvf file, a kvformat root or namespace directory, a legacy root or .bin file, or a URL")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--verify", dest="verify", action="store_true", default=None,
-                   help="also check data checksums (default for a file; directories check headers only)")
-    g.add_argument("--no-verify", dest="verify", action="store_false", help="read headers only")
-    s.add_argument("--json", action="store_true", help="machine-readable output (schema in docs/cli.md)")
-    s.add_argument("--jobs", type=int, default=4, help="threads checking payloads with --verify (default 4)")
-    s.add_argument("--page-bytes", type=int, default=None, help="legacy roots: bytes of one block of one layer")
+                   help="also check every payload (default for one file; directories check headers only)")
+    g.add_argument("--no-verify", dest="verify", action="store_false", help="read headers only, even for one file")
+    s.add_argument("--jobs", "-j", type=jobs_arg, default=4, metavar="N",
+                   help=f"threads checking payloads with --verify (1..{MAX_JOBS}, default 4)")
+    s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
+                   help="legacy roots: bytes of one block of one layer, when the file size allows several layouts")
+    _common(s)
 
-    s = sub.add_parser("verify", help="full checksum pass over a file or root")
-    s.add_argument("path")
-    s.add_argument("--quarantine", action="store_true", help="move bad files to <root>/.quarantine/")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--jobs", type=int, default=2)
-    s.add_argument("--page-bytes", type=int, default=None, help="legacy roots: bytes of one block of one layer")
+    s = _sub(sub, "verify", "full checksum and placement pass over a file or a root",
+             "Check every block file exactly as a load does: header, key and namespace against its path, "
+             "checksums of header and payload. On a legacy vLLM root: sizes and worker replicas.",
+             "  kvformat verify /cache\n  kvformat verify /cache --quarantine --json\n"
+             "  kvformat verify s3://bucket/cache --jobs 8")
+    s.add_argument("path", metavar="PATH",
+                   help="a .kvf file, a kvformat root or namespace directory, a legacy root or .bin file, or a URL")
+    s.add_argument("--quarantine", action="store_true",
+                   help="move bad kvformat block files to <root>/.quarantine/<path>.<Reason> (never other files)")
+    s.add_argument("--jobs", "-j", type=jobs_arg, default=2, metavar="N",
+                   help=f"threads reading and hashing payloads (1..{MAX_JOBS}, default 2)")
+    s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
+                   help="legacy roots: bytes of one block of one layer, when the file size allows several layouts")
+    _common(s)
 
-    s = sub.add_parser("compact", help="convert a legacy vLLM fs-tier root into kvformat files")
-    s.add_argument("src")
-    s.add_argument("dst")
-    s.add_argument("--jobs", "-j", type=int, default=1)
-    s.add_argument("--dry-run", action="store_true", help="print what would be written and the bytes saved")
+    s = _sub(sub, "compact", "convert a legacy vLLM fs-tier root into kvformat files",
+             "Write each legacy block once, TP-independent, after checking its worker replicas agree. "
+             "Idempotent and resumable: a re-run verifies existing outputs (payload included) and rewrites bad ones.",
+             "  kvformat compact /vllm-fs-cache /cache -j 2\n  kvformat compact /vllm-fs-cache /cache --dry-run\n"
+             "  kvformat compact /vllm-fs-cache /cache --delete-source --mode 0640")
+    s.add_argument("src", metavar="SRC", help="the legacy root (the fs tier's root directory)")
+    s.add_argument("dst", metavar="DST", help="the kvformat root to write (a directory or a URL that outlives "
+                   "this process; memory:// is refused)")
+    s.add_argument("--jobs", "-j", type=jobs_arg, default=1, metavar="N",
+                   help=f"threads converting files (1..{MAX_JOBS}, default 1)")
+    s.add_argument("--dry-run", "-n", action="store_true", help="print what would be written and the bytes saved; "
+                   "write nothing")
     s.add_argument("--delete-source", action="store_true",
-                   help="remove each source file after its output is written and verified")
-    s.add_argument("--page-bytes", type=int, default=None,
-                   help="bytes of one block of one layer when the file size allows several layouts")
-    s.add_argument("--codec", choices=("none", "zstd"), default="none")
-    s.add_argument("--level", type=int, default=3, help="zstd level")
+                   help="remove each source file after its output is written and read back verified")
+    s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
+                   help="bytes of one block of one layer, when the file size allows several layouts")
+    s.add_argument("--codec", choices=("none", "zstd"), default="none", help="payload codec (default none)")
+    s.add_argument("--level", type=int_arg(0, 22, "a zstd level"), default=3, metavar="N",
+                   help="zstd level 0..22 (default 3; used with --codec zstd)")
     s.add_argument("--fsync", action="store_true", help="fsync each output before counting it done")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    s.add_argument("--mode", type=mode_arg, default=None, metavar="MODE",
+                   help="octal mode of the files written (e.g. 0640; directories created get x where r is set). "
+                        "Default: 0644 and 0755 filtered by the umask")
+    _common(s)
 
-    s = sub.add_parser("gc", help="evict least recently used files until a root is under a size")
-    s.add_argument("root")
-    s.add_argument("--max-bytes", required=True, help="e.g. 500G, 64MiB, 1000000")
-    s.add_argument("--dry-run", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s = _sub(sub, "gc", "evict least recently used files until a root is under a size; purge quarantine",
+             "Evict block files, oldest mtime first, until the root holds at most SIZE; remove stale temp files. "
+             "Works on a kvformat root only and deletes only block files inside its namespaces. "
+             "Safe while a tier serves from ROOT.",
+             "  kvformat gc /cache --max-bytes 500GiB --dry-run\n  kvformat gc /cache --max-bytes 1.5TB\n"
+             "  kvformat gc /cache --quarantine\n\n" + _SIZES)
+    s.add_argument("root", metavar="ROOT", help="a kvformat root (directory or URL); not a namespace, not a "
+                   "directory of several roots")
+    s.add_argument("--max-bytes", type=size_arg, default=None, metavar="SIZE",
+                   help="bound on the bytes of block files; 0 means no limit (as for the tier's max_bytes)")
+    s.add_argument("--quarantine", action="store_true",
+                   help="also delete every file under ROOT/.quarantine (local roots)")
+    s.add_argument("--dry-run", "-n", action="store_true",
+                   help="list what would be deleted, in the words a real run uses; delete nothing")
+    _common(s)
 
-    s = sub.add_parser("demo", help="the whole story on a small DeepSeek-shaped cache, in a temp directory")
-    s.add_argument("--dir", default=None, help="work here instead of a temp directory (kept)")
-    s.add_argument("--layers", type=int, default=8)
-    s.add_argument("--blocks", type=int, default=12)
+    s = _sub(sub, "demo", "the whole story on a small DeepSeek-shaped cache, in a temp directory",
+             "Write a TP=8 legacy cache, inspect it, compact it, read it back at TP=2 and TP=1, catch a corrupt file.",
+             "  kvformat demo\n  kvformat demo --dir /tmp/kvf-demo --layers 4 --blocks 4")
+    s.add_argument("--dir", default=None, metavar="DIR", help="work here instead of a temp directory (kept)")
+    s.add_argument("--layers", type=int_arg(1, 61, "a layer count"), default=8, metavar="N",
+                   help="MLA layers per block, 1..61 (default 8)")
+    s.add_argument("--blocks", type=int_arg(1, 4096, "a block count"), default=12, metavar="N",
+                   help="blocks to write, 1..4096 (default 12)")
+    _common(s, progress=False)
     return p
 
 
+class _StdoutClosed(Exception):
+    """stdout's reader went away (``| head``): stop quietly."""
+
+
+def _out(text: str = "") -> None:
+    try:
+        sys.stdout.write(text + "\n")
+    except BrokenPipeError:
+        raise _StdoutClosed() from None
+
+
 def _emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    # ensure_ascii: undecodable bytes of file names (lone surrogates) stay lossless \udcXX escapes
+    _out(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _err(cmd: str | None, msg: str) -> None:
+    try:
+        sys.stderr.write(f"kvformat{' ' + cmd if cmd else ''}: {msg}\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the closed pipe."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 bad files / failures, 2 usage or I/O error)."""
+    """Run the CLI; returns the exit code (``EXIT_CODES``: 0 ok, 1 bad files, 2 usage or I/O, 3 internal, …)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -80,190 +206,221 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     if args.cmd is None:
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
-        return int(_COMMANDS[args.cmd](args))
-    except UsageError as e:
-        print(f"kvformat {args.cmd}: {e}", file=sys.stderr)
-        return 2
-    except KVFormatError as e:
-        print(f"kvformat {args.cmd}: {e}", file=sys.stderr)
-        return 2
+        rc = int(_COMMANDS[args.cmd](args))
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise _StdoutClosed() from None
+        return rc
+    except _StdoutClosed:
+        _silence_stdout()
+        return EXIT_PIPE
+    except KVFormatError as e:  # UsageError, a malformed config.json or header, a layout needing a hint
+        _err(args.cmd, shown(str(e)))
+        return EXIT_USAGE
     except OSError as e:
-        print(f"kvformat {args.cmd}: {e}", file=sys.stderr)
-        return 2
+        _err(args.cmd, shown(str(e)))
+        return EXIT_USAGE
     except ImportError as e:  # a URL whose fsspec backend is not installed
-        print(f"kvformat {args.cmd}: {e}", file=sys.stderr)
-        return 2
+        _err(args.cmd, str(e))
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"kvformat {args.cmd}: interrupted", file=sys.stderr)
-        return 130
+        _err(args.cmd, "interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - last resort: a bug must not read as "bad files" (1) or a bare traceback
+        _err(args.cmd, f"internal error (a bug in kvformat; please report it): {type(e).__name__}: {shown(str(e))}")
+        if os.environ.get("KVFORMAT_DEBUG"):
+            traceback.print_exc()
+        return EXIT_INTERNAL
+
+
+def _local(path: str) -> str:
+    return path.removeprefix("file://")
+
+
+def _bar(a: argparse.Namespace, label: str, total: int, total_bytes: int = 0) -> Any:
+    from ._util import Progress
+
+    return Progress(total, total_bytes, label=label, enabled=progress_wanted(a.quiet, a.json))
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._inspect import inspect_file, inspect_legacy, inspect_root, render_file, render_root
     from ..legacy import is_legacy_root
+    from ._inspect import (
+        inspect_file,
+        inspect_legacy,
+        inspect_root,
+        render_file,
+        render_root,
+    )
 
-    path = a.path
-    if path.startswith("file://"):
-        path = path[len("file://"):]
+    path = _local(a.path)
     if "://" in path:
         from ._remote import inspect_url
 
         d = inspect_url(path, verify=a.verify)
         if d["kind"] == "file":
-            _emit(d) if a.json else print(render_file(d))
-            return 1 if d["error"] else 0
-        _emit(d) if a.json else print(render_root(d))
-        return 1 if d["totals"]["corrupt"] else 0
+            _emit(d) if a.json else _out(render_file(d))
+            return EXIT_BAD if d["error"] else EXIT_OK
+        _emit(d) if a.json else _out(render_root(d))
+        return EXIT_BAD if d["totals"]["corrupt"] else EXIT_OK
     if os.path.isfile(path):
-        from ._inspect import inspect_legacy_file, legacy_file_namespace, render_legacy_file
+        from ._inspect import (
+            inspect_legacy_file,
+            legacy_file_namespace,
+            render_legacy_file,
+        )
 
         hit = legacy_file_namespace(path) if path.endswith(".bin") else None
         if hit is not None:
             d = inspect_legacy_file(*hit, verify=a.verify is not False, page_bytes=a.page_bytes)
-            _emit(d) if a.json else print(render_legacy_file(d))
-            return 1 if d["error"] else 0
+            _emit(d) if a.json else _out(render_legacy_file(d))
+            if d["error"] and d["row"] is None:
+                return EXIT_USAGE  # no layout: nothing could be checked
+            return EXIT_BAD if d["error"] else EXIT_OK
         d = inspect_file(path, verify=a.verify is not False)
-        _emit(d) if a.json else print(render_file(d))
-        return 1 if d["error"] else 0
+        _emit(d) if a.json else _out(render_file(d))
+        return EXIT_BAD if d["error"] else EXIT_OK
     if not os.path.isdir(path):
         raise UsageError(f"{path}: no such file or directory")
-    if is_legacy_root(path):
-        d = inspect_legacy(path, verify=bool(a.verify), page_bytes=a.page_bytes)
-    else:
-        d = inspect_root(path, verify=bool(a.verify), jobs=a.jobs)
-    _emit(d) if a.json else print(render_root(d))
-    return 1 if d["totals"]["corrupt"] else 0
+    verify = bool(a.verify)
+    with _Scanning(a, "inspect", enabled=verify) as tick:
+        if is_legacy_root(path):
+            d = inspect_legacy(path, verify=verify, page_bytes=a.page_bytes, progress=tick)
+        else:
+            d = inspect_root(path, verify=verify, jobs=a.jobs, progress=tick)
+    _emit(d) if a.json else _out(render_root(d))
+    if d.get("errors") or d.get("unreadable") or any(n.get("legacy", {}).get("error") for n in d["namespaces"]):
+        return EXIT_USAGE
+    return EXIT_BAD if d["totals"]["corrupt"] else EXIT_OK
+
+
+class _Scanning:
+    """A progress bar for a scan: the scan adds its total once it has listed, then ticks per file."""
+
+    def __init__(self, a: argparse.Namespace, label: str, *, enabled: bool = True) -> None:
+        self.bar = _bar(a, label, 0) if enabled else None
+
+    def __enter__(self) -> Any:
+        return self.bar if self.bar is not None and self.bar.enabled else None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    from ._inspect import (
-        find_store_root, inspect_file, inspect_legacy, inspect_legacy_file, legacy_file_namespace, scan_root,
-    )
-    from ..legacy import Ignored, is_legacy_root
-    from ..storage import LocalStore
+    from ._verify import verify_path
 
-    path = a.path
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    bad: list[dict[str, Any]] = []
-    ignored: list[dict[str, str]] = []
-    checked = 0
-    quarantined: list[str] = []
-    targets: list[tuple[str, str]] = []
-    if "://" in path:
-        from ._remote import verify_url
-
-        checked, bad, quarantined = verify_url(path, quarantine=a.quarantine)
-    elif os.path.isfile(path) and path.endswith(".bin") and legacy_file_namespace(path) is not None:
-        if a.quarantine:
-            raise UsageError("--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by")
-        d = inspect_legacy_file(*legacy_file_namespace(path), verify=True, page_bytes=a.page_bytes)  # type: ignore[misc]
-        checked = 1
-        if d["error"]:
-            if d["row"] is None:
-                raise UsageError(f"{path}: {d['error']['message']}")
-            bad.append({"path": path, "reason": d["error"]["reason"], "message": d["error"]["message"]})
-        targets = []
-    elif os.path.isfile(path):
-        d = inspect_file(path, verify=True)
-        checked = 1
-        if d["error"]:
-            bad.append({"path": path, "reason": d["error"]["reason"], "message": d["error"]["message"]})
-        root, rel = find_store_root(path)
-        targets = [(root, rel)] if bad else []
-    elif os.path.isdir(path) and is_legacy_root(path):
-        d = inspect_legacy(path, verify=True, page_bytes=a.page_bytes)
-        checked = d["totals"]["files"]
-        ignored = d["ignored"]
-        for n in d["namespaces"]:
-            bad += n["bad_files"]
-            if n["legacy"]["error"]:
-                raise UsageError(f"{n['namespace']}: {n['legacy']['error']}")
-        if a.quarantine:
-            raise UsageError("--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by")
-        targets = []
-    elif os.path.isdir(path):
-        root, prefix = find_store_root(path)
-        scan_dir = path if not prefix else os.path.join(root, prefix)
-        skipped: list[Ignored] = []
-        accs, errs = scan_root(scan_dir, verify=True, jobs=a.jobs, ignored=skipped)
-        ignored = [{"path": i.path, "why": i.why} for i in skipped]
-        checked = sum(x.files for x in accs)
-        rel_base = os.path.relpath(scan_dir, root).replace(os.sep, "/")
-        targets = []
-        for rel, err in errs:
-            full_rel = rel if rel_base == "." else f"{rel_base}/{rel}"
-            bad.append({"path": os.path.join(root, full_rel), "reason": err.reason, "message": err.message})
-            targets.append((root, full_rel))
-    else:
-        raise UsageError(f"{path}: no such file or directory")
-    if a.quarantine and targets:
-        for (root, rel), b in zip(targets, bad):
-            new = LocalStore(root).quarantine(rel, b["reason"])
-            if new:
-                quarantined.append(os.path.join(root, new))
-    out = {"command": "verify", "path": path, "checked": checked, "bad": bad, "quarantined": quarantined,
-           "ignored": ignored, "exit_code": 1 if bad else 0}
+    with _Scanning(a, "verify") as tick:
+        rep = verify_path(_local(a.path), quarantine=a.quarantine, jobs=a.jobs, page_bytes=a.page_bytes,
+                          progress=tick)
+    # What made the pass incomplete (exit 2) goes to stderr as errors do, in both modes; the report
+    # (text or JSON) on stdout still lists everything.
+    for u in rep["unreadable"]:
+        _err("verify", f"UNREADABLE {shown(u['path'])}: {shown(u['error'])}")
+    for e in rep["errors"]:
+        _err("verify", f"ERROR {shown(e['path'])}: {shown(e['message'])}")
+    for q in rep["quarantine_failed"]:
+        _err("verify", f"NOT quarantined {shown(q['path'])}: {shown(q['error'])}")
     if a.json:
-        _emit(out)
-    else:
-        for b in bad:
-            print(f"BAD {b['path']}: {b['reason']}: {b['message']}")
-        for q in quarantined:
-            print(f"quarantined -> {q}")
-        for i in ignored:
-            print(f"ignored {i['path']}: {i['why']}")
-        print(f"checked {checked} files: {len(bad)} bad" + (f", {len(quarantined)} quarantined" if a.quarantine else ""))
-    return out["exit_code"]
+        _emit(rep)
+        return int(rep["exit_code"])
+    for b in rep["bad"]:
+        _out(f"BAD {shown(b['path'])}: {b['reason']}: {shown(b['message'])}")
+    for q in rep["quarantined"]:
+        _out(f"quarantined -> {shown(q)}")
+    for i in rep["ignored"]:
+        _out(f"ignored {shown(i['path'])}: {shown(i['why'])}")
+    tail = [f"{len(rep['bad'])} bad"]
+    if a.quarantine:
+        tail.append(f"{len(rep['quarantined'])} quarantined")
+    if rep["unreadable"]:
+        tail.append(f"{len(rep['unreadable'])} unreadable")
+    if rep["errors"]:
+        tail.append(f"{len(rep['errors'])} errors")
+    _out(f"checked {rep['checked']} files: " + ", ".join(tail))
+    return int(rep["exit_code"])
 
 
 def _cmd_compact(a: argparse.Namespace) -> int:
-    from ._compact import compact, summary_lines
+    from ..compact import check_destination, compact
+    from ._compact import summary_lines
 
-    if a.jobs < 1:
-        raise UsageError(f"--jobs: expected at least 1, got {a.jobs}")
     if not os.path.isdir(a.src):
         raise UsageError(f"{a.src}: not a directory")
-    if os.path.realpath(a.dst) == os.path.realpath(a.src):
-        raise UsageError("DST must differ from SRC")
-    rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
-                  page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync,
-                  progress=not (a.quiet or a.json))
+    check_destination(a.src, a.dst)
+    bar = _bar(a, "compact", 0)  # draws only on a terminal; failure lines always reach stderr
+    try:
+        rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
+                      page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync, mode=a.mode,
+                      progress=bar)
+    finally:
+        bar.close()
     if a.json:
         _emit(rep.to_dict())
     else:
         for line in summary_lines(rep):
-            print(line)
+            _out(line)
     return rep.exit_code
 
 
 def _cmd_gc(a: argparse.Namespace) -> int:
-    from .._gc import run_gc
-    from ..storage import open_store
+    from .._gc import open_gc_root, run_gc
 
-    max_bytes = parse_size(a.max_bytes)
-    if "://" not in a.root and not os.path.isdir(a.root):
-        raise UsageError(f"{a.root}: not a directory")
-    rep = run_gc(open_store(a.root), max_bytes, dry_run=a.dry_run)
+    if a.max_bytes is None and not a.quarantine:
+        raise UsageError("nothing to do: give --max-bytes SIZE, --quarantine, or both")
+    store = open_gc_root(a.root)
+    limit = a.max_bytes or None  # 0: no limit, as the tier's max_bytes
+    bar = _bar(a, "gc", 0)
+    rep = run_gc(store, limit, dry_run=a.dry_run, quarantine=a.quarantine, evict=a.max_bytes is not None,
+                 namespaces_only=True,
+                 progress=bar.update if bar.enabled else None, on_plan=lambda n: setattr(bar, "total", n))
+    bar.close()
     if a.json:
         _emit(rep.to_dict())
-    else:
-        verb = "would evict" if a.dry_run else "evicted"
-        n = len(rep.victims) if a.dry_run else rep.deleted
-        b = sum(v.size for v in rep.victims) if a.dry_run else rep.freed_bytes
-        print(f"{rep.files_before} files, {human(rep.bytes_before)} (limit {human(max_bytes)}): "
-              f"{verb} {n} least recently used files, {human(b)}; now {human(rep.bytes_after)}"
-              + (f"; removed {rep.temp_removed} stale temp files" if rep.temp_removed else ""))
-    return 0
+        return rep.exit_code
+    verb = "would delete" if a.dry_run else "deleted"
+    for v in rep.victims:
+        _out(f"{verb} {shown(v.relpath)}  ({human(v.size)}, last used {iso(v.mtime)})")
+    for v in rep.quarantine_victims:
+        _out(f"{verb} {shown(v.relpath)}  ({human(v.size)}, quarantined {iso(v.mtime)})")
+    for f in rep.failed:
+        _out(f"NOT deleted {shown(f['path'])}: {shown(f['error'])}")
+    for i in rep.ignored:
+        _out(f"ignored {shown(i['path'])}: {shown(i['why'])}")
+    lim = "no limit" if limit is None else f"limit {human(limit)}"
+    n = len(rep.victims)
+    line = (f"{rep.files_before} block files, {human(rep.bytes_before)} ({lim}): {verb} {n} least recently "
+            f"used files, {human(sum(v.size for v in rep.victims))}; {'would leave' if a.dry_run else 'now'} "
+            f"{human(rep.bytes_after)}")
+    if a.quarantine:
+        line += (f"; {verb} {len(rep.quarantine_victims)} quarantined files, "
+                 f"{human(sum(v.size for v in rep.quarantine_victims))}")
+    if rep.temp_removed:
+        line += f"; removed {rep.temp_removed} stale temp files"
+    elif a.dry_run:
+        line += "; stale temp files (over an hour old) are removed by a real run"
+    _out(line)
+    return rep.exit_code
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
+    import contextlib
+    import io
+
     from ._demo import run_demo
 
-    return run_demo(a.dir, n_layers=a.layers, n_blocks=a.blocks)
+    if not a.json:
+        return run_demo(a.dir, n_layers=a.layers, n_blocks=a.blocks)
+    summary: dict[str, Any] = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = run_demo(a.dir, n_layers=a.layers, n_blocks=a.blocks, summary=summary)
+    _emit({"command": "demo", **summary, "exit_code": rc})
+    return rc
 
 
-_COMMANDS = {"inspect": _cmd_inspect, "verify": _cmd_verify, "compact": _cmd_compact, "gc": _cmd_gc,
-             "demo": _cmd_demo}
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "inspect": _cmd_inspect, "verify": _cmd_verify, "compact": _cmd_compact, "gc": _cmd_gc, "demo": _cmd_demo}

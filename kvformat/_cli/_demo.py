@@ -16,15 +16,18 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
 from .._spec import BlockKey, block_relpath
-from ..errors import ChecksumError
+from ..errors import ChecksumError, UsageError
 from ..legacy import ROW_ALIGN, legacy_fields, write_legacy_row
 from ..storage import open_store
-from ._compact import compact, summary_lines
-from ._inspect import find_store_root, inspect_file, inspect_legacy, inspect_root, render_file, render_root, scan_root
+from ..compact import compact
+from ._compact import summary_lines
+from ..scan import find_store_root, scan_root
+from ._inspect import inspect_file, inspect_legacy, inspect_root, render_file, render_root
 from ._util import human
 
 MODEL = "deepseek-ai/DeepSeek-V3"
@@ -37,18 +40,26 @@ def _say(title: str) -> None:
     print(f"\n== {title} " + "=" * max(0, 72 - len(title)))
 
 
-def run_demo(workdir: str | None = None, *, n_layers: int = 8, n_blocks: int = 12) -> int:
-    """Run the demo in ``workdir`` (kept) or a temp directory (removed). Returns 0 when every check holds."""
+def run_demo(workdir: str | None = None, *, n_layers: int = 8, n_blocks: int = 12,
+             summary: dict[str, Any] | None = None) -> int:
+    """Run the demo in ``workdir`` (kept) or a temp directory (removed). Returns 0 when every check holds.
+
+    ``summary``, when given, is filled with the ``--json`` fields (see ``_schema.DEMO_SCHEMA``).
+    """
+    if n_layers < 1 or n_blocks < 1:
+        raise UsageError(f"demo: expected at least 1 layer and 1 block, got {n_layers} and {n_blocks}")
     base = workdir or tempfile.mkdtemp(prefix="kvformat-demo-")
     os.makedirs(base, exist_ok=True)
+    out = summary if summary is not None else {}
+    out.update({"dir": base if workdir else None, "layers": n_layers, "blocks": n_blocks})
     try:
-        return _run(base, n_layers, n_blocks)
+        return _run(base, n_layers, n_blocks, out)
     finally:
         if workdir is None:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _run(base: str, n_layers: int, n_blocks: int) -> int:
+def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> int:
     t0 = time.monotonic()
     legacy, dst = os.path.join(base, "vllm-fs-cache"), os.path.join(base, "kvformat-cache")
     names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
@@ -75,7 +86,7 @@ def _run(base: str, n_layers: int, n_blocks: int) -> int:
     print(render_root(inspect_legacy(legacy)))
 
     _say("3. kvformat compact <legacy root> <kvformat root>")
-    rep = compact(legacy, dst, jobs=2, progress=False)
+    rep = compact(legacy, dst, jobs=2)
     for line in summary_lines(rep):
         print(line)
     ok = rep.exit_code == 0 and rep.converted == n_blocks
@@ -91,6 +102,7 @@ def _run(base: str, n_layers: int, n_blocks: int) -> int:
 
     _say("5. read back into TP=2 and TP=1 primary rows (KVFormatTier's load path)")
     layout = store.read_header(rel0).layout
+    read_back: dict[int, int] = {}
     for tp in (2, 1):
         row = memoryview(bytearray(-(-slot * tp // ROW_ALIGN) * ROW_ALIGN))
         equal = 0
@@ -100,6 +112,7 @@ def _run(base: str, n_layers: int, n_blocks: int) -> int:
                 row[r * slot:(r + 1) * slot] = row[:slot]
             equal += all(row[r * slot:(r + 1) * slot] == p for r in range(tp))
         print(f"TP={tp}: {equal}/{len(payloads)} blocks byte-identical to what TP={TP} stored")
+        read_back[tp] = equal
         ok &= equal == len(payloads)
 
     _say("6. bytes saved")
@@ -123,11 +136,15 @@ def _run(base: str, n_layers: int, n_blocks: int) -> int:
         print(f"read refused: {e.reason}: {e.message}")
         print(f"destination zeroed, not left holding wrong bytes: {not any(buf)}")
         ok &= not any(buf)
-    _accs, bad = scan_root(dst, verify=True)
+    bad = scan_root(dst, verify=True).bad
     root, _ = find_store_root(dst)
     for rel, err in bad:
         q = store.quarantine(rel, err.reason)
         print(f"kvformat verify --quarantine: {rel} -> {q} (exit code 1)")
     ok &= len(bad) == 1
+    tp_ok = {tp: n for tp, n in read_back.items()}
+    summary.update({"ok": bool(ok), "converted": rep.converted, "bytes_before": rep.bytes_before,
+                    "bytes_after": rep.bytes_after, "read_back_identical": {str(k): v for k, v in tp_ok.items()},
+                    "corruption_caught": len(bad) == 1, "elapsed_s": round(time.monotonic() - t0, 3)})
     print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.1f} s (files under {root})")
     return 0 if ok else 1

@@ -7,14 +7,15 @@ Legacy vLLM trees are local only (vLLM's fs tier writes to a file system).
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-from .._spec import FILE_SUFFIX, NAMESPACE_FILE, BlockHeader, CanonicalLayout
+from .._placement import block_path_parts, placement_error
+from .._spec import FILE_SUFFIX, NAMESPACE_FILE
 from ..errors import KVFormatError
-from ..storage import Store, StoreEntry, open_store
-from ._inspect import _NsAcc, _totals, file_view
+from ..storage import Store, open_store
+from ..scan import ProgressSink, scan_store, totals
+from ._inspect import file_view
 from ._util import UsageError
 
 # Objects per header round, and payload bytes held in memory per verify round.
@@ -60,110 +61,6 @@ def _open_dir(url: str) -> tuple[Store, str]:
     return st, ""
 
 
-def _layout_from_doc(raw: bytes) -> CanonicalLayout | None:
-    try:
-        ident = json.loads(raw)["identity"]
-        return CanonicalLayout.from_dict({**ident, "layers": [x[:3] for x in ident["layers"]]})
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _chunks(entries: Sequence[StoreEntry], n: int) -> Iterator[Sequence[StoreEntry]]:
-    for i in range(0, len(entries), n):
-        yield entries[i:i + n]
-
-
-def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]:
-    return store.read_headers_many(rels, verify=True)  # batched and concurrent on remote stores
-
-
-def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
-    many = getattr(store, "read_many_into", None)
-    if many is not None:
-        return many(items, verify=True)
-    out: list[BlockHeader | BaseException] = []
-    for r, buf, _ in items:
-        try:
-            out.append(store.read_into(r, buf, verify=True))
-        except (KVFormatError, OSError) as e:
-            out.append(e)
-    return out
-
-
-def scan_store(store: Store, prefix: str = "", *, verify: bool = False
-               ) -> tuple[list[_NsAcc], list[tuple[str, KVFormatError]]]:
-    """Every header under ``prefix`` (every payload too with ``verify``), per namespace.
-
-    Objects removed since the listing are skipped; a transport failure (server down, timeout) raises
-    its OSError (exit 2), since a partial pass must not read as "all good".
-    """
-    accs: dict[str, _NsAcc] = {}
-    bad: list[tuple[str, KVFormatError]] = []
-    entries = list(store.list(prefix))
-
-    def ok(e: StoreEntry, h: BlockHeader) -> None:
-        acc = _acc(e)
-        if acc.layout is None:
-            acc.layout = h.layout
-        acc.tps[h.provenance.tp] += 1
-        acc.raw += h.raw_bytes
-        acc.data += h.data_bytes
-
-    def fail(e: StoreEntry, err: KVFormatError) -> None:
-        acc = _acc(e)
-        acc.corrupt += 1
-        acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
-        bad.append((e.relpath, err))
-
-    def _acc(e: StoreEntry) -> _NsAcc:
-        ns = e.relpath.split("/", 1)[0]
-        acc = accs.get(ns) or accs.setdefault(ns, _NsAcc(ns))
-        acc.files += 1
-        acc.bytes += e.size
-        acc.add_time(e.mtime)
-        return acc
-
-    def sort(e: StoreEntry, r: Any) -> bool:
-        """True when ``r`` is a header; records a bad file; raises a transport error."""
-        if isinstance(r, FileNotFoundError):
-            return False  # removed since the listing (gc, a tier quarantining it)
-        if isinstance(r, KVFormatError):
-            fail(e, r)
-            return False
-        if isinstance(r, BaseException):
-            raise r
-        return True
-
-    for chunk in _chunks(entries, _BATCH):
-        good = [(e, h) for e, h in zip(chunk, _headers(store, [e.relpath for e in chunk])) if sort(e, h)]
-        if not verify:
-            for e, h in good:
-                ok(e, h)  # type: ignore[arg-type]
-            continue
-        while good:  # payload rounds bounded in bytes held at once
-            take, held = 0, 0
-            while take < len(good) and (take == 0 or held + good[take][1].raw_bytes <= _VERIFY_BATCH_BYTES):
-                held += good[take][1].raw_bytes  # type: ignore[union-attr]
-                take += 1
-            part, good = good[:take], good[take:]
-            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part])  # type: ignore[union-attr]
-            for (e, _), r in zip(part, res):
-                if sort(e, r):
-                    ok(e, r)
-    if prefix:
-        accs.setdefault(prefix, _NsAcc(prefix))
-    else:  # empty namespaces still show up
-        for ns in getattr(store, "_namespace_dirs", lambda: [])():
-            accs.setdefault(ns, _NsAcc(ns))
-    for acc in accs.values():
-        if acc.layout is None:
-            try:
-                acc.layout = _layout_from_doc(store.read_bytes(f"{acc.namespace}/{NAMESPACE_FILE}"))
-            except (FileNotFoundError, ValueError):
-                pass
-    return [accs[k] for k in sorted(accs)], bad
-
-
 def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
     """The ``inspect`` object of a remote object (file view) or a remote root / namespace (per-namespace table).
 
@@ -178,36 +75,65 @@ def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
         except FileNotFoundError:
             raise UsageError(f"{store.root}/{rel}: no such object") from None
     store, prefix = _open_dir(url)
-    accs, _ = scan_store(store, prefix, verify=bool(verify))
+    ignored: list[dict[str, str]] = []
+    accs, _ = scan_store(store, prefix, verify=bool(verify), ignored=ignored)
     nss = [a.to_dict() for a in accs]
     where = f"{store.root}/{prefix}" if prefix else store.root  # the URL without credentials
     return {"kind": "kvformat_root", "path": where, "verified_data": bool(verify), "namespaces": nss,
-            "totals": _totals(nss), "ignored": []}
+            "totals": totals(nss), "ignored": ignored, "unreadable": []}
 
 
-def verify_url(url: str, *, quarantine: bool = False) -> tuple[int, list[dict[str, str]], list[str]]:
-    """A full checksum pass over a remote object, namespace or root: (checked, bad, quarantined)."""
-    bad: list[dict[str, str]] = []
+def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | None = None
+               ) -> dict[str, Any]:
+    """A full checksum and placement pass over a remote object, namespace or root: the verify report.
+
+    Only objects at a block path inside a namespace are ever quarantined.
+    """
+    rep: dict[str, Any] = {"command": "verify", "path": url, "checked": 0, "bad": [], "unreadable": [],
+                           "errors": [], "quarantined": [], "quarantine_failed": [], "ignored": [], "exit_code": 0}
     if url.rstrip("/").endswith(FILE_SUFFIX):
         store, rel = _open_file(url)
+        nss: set[str] | None = None  # one object: in_ns decides
+        parts = block_path_parts(rel)
+        in_ns = parts is not None and store.exists(f"{parts[0]}/{NAMESPACE_FILE}")
+        errs: list[tuple[str, KVFormatError]] = []
         try:
             h = store.read_header(rel, verify=True)
-            store.read_into(rel, bytearray(h.raw_bytes), verify=True)
-            errs: list[tuple[str, KVFormatError]] = []
+            err = placement_error(rel, h) if in_ns else None
+            if err is None:
+                store.read_into(rel, bytearray(h.raw_bytes), verify=True)
+            else:
+                errs = [(rel, err)]
         except KVFormatError as e:
             errs = [(rel, e)]
         except FileNotFoundError:
             raise UsageError(f"{store.root}/{rel}: no such object") from None
-        checked = 1
+        rep["checked"] = 1
+        if not in_ns:
+            rep["ignored"].append({"path": f"{store.root}/{rel}", "why": "not a block object inside a kvformat "
+                                   "namespace: placement not checked, never quarantined"})
     else:
         store, prefix = _open_dir(url)
-        accs, errs = scan_store(store, prefix, verify=True)
-        checked = sum(a.files for a in accs)
-    quarantined: list[str] = []
-    for rel, e in errs:
-        bad.append({"path": f"{store.root}/{rel}", "reason": e.reason, "message": e.message})
-        if quarantine:
-            new = store.quarantine(rel, e.reason)
+        if not prefix and not list(store._namespace_dirs()):
+            raise UsageError(f"{store.root}: no kvformat namespace (<namespace>/namespace.json) under it: "
+                             "nothing to verify")
+        accs, errs = scan_store(store, prefix, verify=True, progress=progress, ignored=rep["ignored"])
+        rep["checked"] = sum(a.files for a in accs)
+        nss = set(store._namespace_dirs())
+        in_ns = True
+    for rel, bad_err in errs:
+        rep["bad"].append({"path": f"{store.root}/{rel}", "reason": bad_err.reason, "message": bad_err.message})
+        may_move = in_ns if nss is None else rel.split("/", 1)[0] in nss  # never outside a namespace
+        if quarantine and not may_move:
+            if nss is not None:  # (one object outside a namespace is already listed as such)
+                rep["ignored"].append({"path": f"{store.root}/{rel}", "why": "not inside a kvformat namespace (no "
+                                       "namespace.json): never quarantined"})
+        elif quarantine:
+            try:
+                new = store.quarantine(rel, bad_err.reason)
+            except OSError as qe:
+                rep["quarantine_failed"].append({"path": f"{store.root}/{rel}", "error": str(qe)})
+                continue
             if new:
-                quarantined.append(f"{store.root}/{new}")
-    return checked, bad, quarantined
+                rep["quarantined"].append(f"{store.root}/{new}")
+    return rep

@@ -1,4 +1,4 @@
-"""The documented schema of ``kvformat inspect --json`` (docs/cli.md prints it; a test checks both).
+"""The documented schemas of every command's ``--json`` output (docs/cli.md prints them; tests check both).
 
 A JSON-Schema subset (type, properties, required, items, enum, anyOf, additionalProperties) and a
 tiny validator for it, so the check needs no extra package.
@@ -24,6 +24,7 @@ _NAMESPACE = {
         "layers": {"type": ["integer", "null"]}, "files": _INT, "bytes": _INT,
         "tp_sizes": {"type": "array", "items": _INT}, "compression_ratio": _NUM_OR_NULL, "corrupt": _INT,
         "oldest": _NUM_OR_NULL, "newest": _NUM_OR_NULL, "bad_files": _BAD,
+        "unreadable": {"type": "array", "items": {"type": "object", "required": ["path", "error"]}},
         "group": _INT,
         "legacy": {"type": "object",
                    "required": ["row", "slots", "page_bytes", "row_bytes", "padding", "digest_ok", "compacted_bytes",
@@ -78,6 +79,12 @@ _ROOT = {
         "totals": {"type": "object", "required": ["namespaces", "files", "bytes", "corrupt"],
                    "properties": {"namespaces": _INT, "files": _INT, "bytes": _INT, "corrupt": _INT}},
         "ignored": {"type": "array", "items": {"type": "object", "required": ["path", "why"]}},
+        "unreadable": {"type": "array", "items": {"type": "object", "required": ["path", "error"],
+                                                  "properties": {"path": _STR, "error": _STR}}},
+        "errors": {"type": "array", "items": {"type": "object", "required": ["path", "message"],
+                                              "properties": {"path": _STR, "message": _STR}}},
+        "quarantine": {"type": "object", "required": ["path", "files", "bytes", "reasons"],
+                       "properties": {"path": _STR, "files": _INT, "bytes": _INT, "reasons": {"type": "object"}}},
     },
 }
 
@@ -105,6 +112,89 @@ INSPECT_SCHEMA: dict[str, Any] = {
     "title": "kvformat inspect --json",
     "anyOf": [_FILE, _ROOT, _LEGACY_FILE],
 }
+
+_PATHS = {"type": "array", "items": _STR}
+_PATH_ERR = {"type": "array", "items": {"type": "object", "required": ["path", "error"],
+                                        "properties": {"path": _STR, "error": _STR}}}
+_PATH_WHY = {"type": "array", "items": {"type": "object", "required": ["path", "why"],
+                                        "properties": {"path": _STR, "why": _STR}}}
+_PATH_MSG = {"type": "array", "items": {"type": "object", "required": ["path", "message"],
+                                        "properties": {"path": _STR, "message": _STR}}}
+_EXIT = {"enum": [0, 1, 2]}
+
+VERIFY_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "kvformat verify --json",
+    "type": "object",
+    "required": ["command", "path", "checked", "bad", "unreadable", "errors", "quarantined", "quarantine_failed",
+                 "ignored", "exit_code"],
+    "properties": {
+        "command": {"enum": ["verify"]}, "path": _STR, "checked": _INT, "bad": _BAD, "unreadable": _PATH_ERR,
+        "errors": _PATH_MSG, "quarantined": _PATHS, "quarantine_failed": _PATH_ERR, "ignored": _PATH_WHY,
+        "exit_code": _EXIT,
+    },
+}
+
+_ENTRY = {"type": "array", "items": {"type": "object", "required": ["path", "bytes", "mtime"],
+                                     "properties": {"path": _STR, "bytes": _INT, "mtime": {"type": "number"}}}}
+GC_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "kvformat gc --json",
+    "type": "object",
+    "required": ["command", "root", "max_bytes", "dry_run", "files_before", "bytes_before", "evict_files",
+                 "evict_bytes", "bytes_after", "deleted", "freed_bytes", "temp_removed", "evicted",
+                 "quarantine_purged", "failed", "ignored", "exit_code"],
+    "properties": {
+        "command": {"enum": ["gc"]}, "root": _STR, "max_bytes": {"type": ["integer", "null"]},
+        "dry_run": {"type": "boolean"}, "files_before": _INT, "bytes_before": _INT, "evict_files": _INT,
+        "evict_bytes": _INT, "bytes_after": _INT, "deleted": _INT, "freed_bytes": _INT, "temp_removed": _INT,
+        "evicted": _ENTRY, "quarantine_purged": _ENTRY, "failed": _PATH_ERR, "ignored": _PATH_WHY,
+        "exit_code": {"enum": [0, 2]},
+    },
+}
+
+COMPACT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "kvformat compact --json",
+    "type": "object",
+    "required": ["command", "src", "dst", "dry_run", "jobs", "converted", "skipped", "failed", "ignored",
+                 "bytes_before", "bytes_after", "bytes_saved", "bytes_read", "deleted_sources", "elapsed_s",
+                 "throughput_bytes_per_s", "namespaces", "failures", "ignored_paths", "layout_errors",
+                 "would_write", "exit_code"],
+    "properties": {
+        "command": {"enum": ["compact"]}, "src": _STR, "dst": _STR, "dry_run": {"type": "boolean"}, "jobs": _INT,
+        "converted": _INT, "skipped": _INT, "failed": _INT, "ignored": _INT, "bytes_before": _INT,
+        "bytes_after": _INT, "bytes_saved": _INT, "bytes_read": _INT, "deleted_sources": _INT,
+        "elapsed_s": {"type": "number"}, "throughput_bytes_per_s": _INT,
+        "namespaces": {"type": "array", "items": {
+            "type": "object", "required": ["legacy", "group", "namespace", "model", "row", "slots", "page_bytes",
+                                           "row_bytes", "padding", "files"]}},
+        "failures": {"type": "array", "items": {"type": "object", "required": ["path", "reason", "error"],
+                                                "properties": {"path": _STR, "reason": _STR, "error": _STR}}},
+        "ignored_paths": _PATH_WHY, "layout_errors": _PATHS,
+        "would_write": {"type": "array", "items": {"type": "object", "required": ["path", "src", "before", "after"],
+                                                   "properties": {"path": _STR, "src": _STR, "before": _INT,
+                                                                  "after": _INT}}},
+        "exit_code": _EXIT,
+    },
+}
+
+DEMO_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "kvformat demo --json",
+    "type": "object",
+    "required": ["command", "dir", "layers", "blocks", "ok", "converted", "bytes_before", "bytes_after",
+                 "read_back_identical", "corruption_caught", "elapsed_s", "exit_code"],
+    "properties": {
+        "command": {"enum": ["demo"]}, "dir": {"type": ["string", "null"]}, "layers": _INT, "blocks": _INT,
+        "ok": {"type": "boolean"}, "converted": _INT, "bytes_before": _INT, "bytes_after": _INT,
+        "read_back_identical": {"type": "object", "required": ["1", "2"], "properties": {"1": _INT, "2": _INT}},
+        "corruption_caught": {"type": "boolean"}, "elapsed_s": {"type": "number"}, "exit_code": {"enum": [0, 1]},
+    },
+}
+
+SCHEMAS: dict[str, dict[str, Any]] = {"inspect": INSPECT_SCHEMA, "verify": VERIFY_SCHEMA, "compact": COMPACT_SCHEMA,
+                                      "gc": GC_SCHEMA, "demo": DEMO_SCHEMA}
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 

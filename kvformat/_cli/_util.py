@@ -1,40 +1,67 @@
-"""Small shared pieces of the CLI: sizes, times, aligned tables, a progress reporter."""
+"""Small shared pieces of the CLI: argument types, sizes, names safe to print, tables, progress."""
 
 from __future__ import annotations
 
-import re
+import argparse
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20,
-          "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40}
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+from .._sizes import format_size, parse_limit, parse_size
+from ..errors import UsageError
 
+__all__ = [
+    "MAX_JOBS",
+    "Progress",
+    "UsageError",
+    "human",
+    "int_arg",
+    "iso",
+    "jobs_arg",
+    "mode_arg",
+    "parse_limit",
+    "parse_size",
+    "shown",
+    "size_arg",
+    "table",
+]
 
-class UsageError(Exception):
-    """A bad command line value (exit code 2)."""
-
-
-def parse_size(text: str) -> int:
-    """'500', '10G', '1.5GiB', '64MiB' -> bytes (decimal K/M/G/T, binary Ki/Mi/Gi/Ti)."""
-    m = _SIZE_RE.fullmatch(text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise UsageError(f"expected a size such as 500G, 64MiB or 1000000, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[unit])
+MAX_JOBS = 256  # the tier's read_threads/write_threads bound too
 
 
 def human(n: float) -> str:
-    """Bytes in binary units, 3 significant digits."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+    """Bytes in binary units, 3 significant digits, never an exponent (``1.00 MiB``, not ``1e+03 KiB``)."""
+    return format_size(n)
+
+
+def shown(text: str) -> str:
+    """A file name made safe for one line of text on any terminal encoding.
+
+    Names are bytes on POSIX: Python decodes undecodable bytes as lone surrogates, which a UTF-8
+    stdout cannot encode, and a newline or an escape sequence in a name would break or forge output
+    lines. Undecodable bytes become ``\\xNN``, control characters and backslashes their escapes
+    (as ``ls -b`` does), so every name prints on one line and can be told apart.
+    """
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:  # surrogateescape: the original byte
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or 0xD800 <= o <= 0xDFFF:
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def iso(ts: float | None) -> str:
@@ -56,60 +83,117 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Seque
     return "\n".join(out)
 
 
+# -- argument types: one validation per kind of value, so every command says the same thing ----------
+def int_arg(lo: int, hi: int | None = None, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type: an integer in ``lo..hi`` (argparse turns the error into exit code 2)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            rng = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"expected {what} in {rng}, got {v}")
+        return v
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+jobs_arg = int_arg(1, MAX_JOBS, "a thread count")
+
+
+def size_arg(text: str) -> int:
+    """An argparse type: kvformat's one size syntax (kvformat._sizes)."""
+    try:
+        return parse_size(text, "size")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(e.message.removeprefix("size: ")) from None
+
+
+def mode_arg(text: str) -> int:
+    """An argparse type: an octal permission mode such as 0640 or 640 (no setuid/setgid/sticky bits)."""
+    try:
+        v = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an octal mode such as 0640, got {text!r}") from None
+    if not 0 <= v <= 0o777:
+        raise argparse.ArgumentTypeError(f"expected an octal mode in 000..777, got {text!r}")
+    if not v & 0o600 == 0o600:
+        raise argparse.ArgumentTypeError(f"mode {text}: the owner must keep read and write (u+rw)")
+    return v
+
+
+def progress_wanted(quiet: bool, json_out: bool, stream: TextIO | None = None) -> bool:
+    """Progress is drawn only on a terminal: never in pipes, with --quiet, or with --json."""
+    s = stream or sys.stderr
+    return not quiet and not json_out and bool(getattr(s, "isatty", lambda: False)())
+
+
 class Progress:
-    """A progress bar on a terminal (redrawn at most 10x/s), plain lines every ``every_s`` otherwise."""
+    """A progress bar on a terminal (stderr, redrawn at most 10x/s); nothing on a pipe or when disabled.
+
+    ``note`` lines (failures) are always written, above the bar when there is one.
+    """
 
     def __init__(self, total: int, total_bytes: int, *, label: str, stream: TextIO | None = None,
-                 every_s: float = 5.0, enabled: bool = True) -> None:
-        self.total, self.total_bytes, self.label = total, total_bytes, label
+                 enabled: bool = True, unit: str = "files") -> None:
+        self.total, self.total_bytes, self.label, self.unit = total, total_bytes, label, unit
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.every_s = every_s
-        self.enabled = enabled
+        self.enabled = enabled and self.tty
         self.done = 0
         self.done_bytes = 0
         self.t0 = time.monotonic()
-        self._last = self.t0
+        self._last = 0.0
+        self._drawn = False
         self._lock = threading.Lock()
 
-    def update(self, n_bytes: int) -> None:
+    def update(self, n_bytes: int, n: int = 1) -> None:
         with self._lock:
-            self.done += 1
+            self.done += n
             self.done_bytes += n_bytes
-            now = time.monotonic()
             if not self.enabled:
                 return
-            if self.tty and (now - self._last >= 0.1 or self.done == self.total):
+            now = time.monotonic()
+            if now - self._last >= 0.1 or self.done >= self.total:
                 self._last = now
                 self._draw(now)
-            elif not self.tty and (now - self._last >= self.every_s and self.done < self.total):
-                self._last = now
-                self.stream.write(f"{self.label}: {self.done}/{self.total} files, {human(self.done_bytes)}"
-                                  f" ({self._rate(now)})\n")
-                self.stream.flush()
+
+    def add_total(self, files: int, nbytes: int) -> None:
+        """More work became known (a scan lists before it checks; a mixed root has two sides)."""
+        with self._lock:
+            self.total += files
+            self.total_bytes += nbytes
 
     def note(self, line: str) -> None:
         """A line that must not be mangled by the bar (failures)."""
         with self._lock:
-            if self.tty and self.enabled:
+            if self._drawn:
                 self.stream.write("\r\x1b[K")
-            self.stream.write(line + "\n")
-            if self.tty and self.enabled:
+            self.stream.write(shown(line) + "\n")  # library lines carry raw file names
+            if self._drawn:
                 self._draw(time.monotonic())
             self.stream.flush()
 
-    def _rate(self, now: float) -> str:
-        dt = max(now - self.t0, 1e-9)
-        return f"{human(self.done_bytes / dt)}/s"
-
     def _draw(self, now: float) -> None:
-        frac = self.done / self.total if self.total else 1.0
+        frac = min(self.done / self.total, 1.0) if self.total else 1.0
         bar = "#" * int(frac * 30)
-        self.stream.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {human(self.done_bytes)} "
-                          f"{self._rate(now)}\x1b[K")
+        rate = human(self.done_bytes / max(now - self.t0, 1e-9))
+        self.stream.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {self.unit} "
+                          f"{human(self.done_bytes)} {rate}/s\x1b[K")
         self.stream.flush()
+        self._drawn = True
 
     def close(self) -> None:
-        if self.tty and self.enabled and self.total:
-            self.stream.write("\n")
-            self.stream.flush()
+        with self._lock:
+            if self._drawn:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._drawn = False
+
+
+def umask() -> int:
+    """The process umask (reading it means setting it: set it back at once)."""
+    m = os.umask(0)
+    os.umask(m)
+    return m

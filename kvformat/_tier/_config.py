@@ -2,46 +2,26 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..errors import SchemaError
+from .._sizes import parse_limit
+from ..errors import SchemaError, UsageError
 
-_UNITS = {"": 1, "b": 1,
-          "k": 10**3, "kb": 10**3, "ki": 2**10, "kib": 2**10,
-          "m": 10**6, "mb": 10**6, "mi": 2**20, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30,
-          "t": 10**12, "tb": 10**12, "ti": 2**40, "tib": 2**40,
-          "p": 10**15, "pb": 10**15, "pi": 2**50, "pib": 2**50}
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
 REPLICA_POLICIES = ("verify", "trust_rank0")
 O_DIRECT_MODES = ("auto", "on", "off")
 
 
 def parse_size(name: str, value: Any) -> int | None:
-    """Bytes from an int or a string such as ``"500GiB"``, ``"1.5TB"``, ``"800G"``.
+    """Bytes from an int or a string such as ``"500GiB"``, ``"1.5TB"``, ``"800G"``; None means unbounded.
 
-    Decimal units (K, KB, M, MB, G, GB, T, TB, P, PB) are powers of 1000; binary units (Ki, KiB, …)
-    powers of 1024. ``None`` (or 0) means unbounded.
+    The syntax and the meaning of 0 (unbounded) are kvformat's one size syntax (:mod:`kvformat._sizes`),
+    shared with the CLI. A bad value raises SchemaError naming ``name``.
     """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise SchemaError(name, f"expected a byte count such as 500GiB, got {value!r}")
-    if isinstance(value, (int, float)):
-        n = int(value)
-    elif isinstance(value, str):
-        m = _SIZE_RE.fullmatch(value)
-        unit = m.group(2).lower() if m else ""
-        if not m or unit not in _UNITS:
-            raise SchemaError(name, f"expected a byte count such as 500GiB, got {value!r}")
-        n = int(float(m.group(1)) * _UNITS[unit])
-    else:
-        raise SchemaError(name, f"expected an int or a string such as 500GiB, got {type(value).__name__}")
-    if n < 0:
-        raise SchemaError(name, f"expected a non-negative size, got {value!r}")
-    return n or None
+    try:
+        return parse_limit(value, name)
+    except UsageError as e:
+        raise SchemaError(name, e.message.removeprefix(f"{name}: ")) from None
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
