@@ -45,7 +45,7 @@ from ._spec import DTYPE_SIZES, FILE_SUFFIX, CanonicalLayout, LayerSpec, Provena
 from ._tier._config import TierConfig
 from ._tier._lru import LRUIndex
 from ._tier._pool import DualPool
-from ._tier._rows import COUNTERS, EXISTS, WRITTEN, RowEngine
+from ._tier._rows import CANCELLED, COUNTERS, EXISTS, WRITTEN, RowEngine
 from .errors import SchemaError
 from .storage import open_store
 
@@ -173,6 +173,8 @@ class KVFormatTier(SecondaryTierManager):
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
+    #: Bound on :meth:`shutdown` (seconds): a remote root must not hold a vLLM shutdown for minutes.
+    shutdown_timeout_s: float = 10.0
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
@@ -240,6 +242,8 @@ class KVFormatTier(SecondaryTierManager):
         return get_offload_block_hash(key).hex()
 
     def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
+        if self._stop.is_set():  # shutting down: no more storage round trips
+            return [False] * len(keys)
         hs = [self._hash(k) for k in keys]
         valid = [h for h in hs if h is not None]
         found = iter(self.engine.probe_many(valid)) if valid else iter(())
@@ -275,7 +279,7 @@ class KVFormatTier(SecondaryTierManager):
             res = JobResult(job.job_id, success, successful_keys=None if success else tuple(ok),
                             transfer_time=time.monotonic() - job.t0, transfer_bytes=job.nbytes)
         else:
-            success = all(r != "error" for r in job.results)
+            success = all(r not in ("error", CANCELLED) for r in job.results)
             res = JobResult(job.job_id, success, transfer_time=time.monotonic() - job.t0,
                             transfer_bytes=job.nbytes)
             if self.events is not None:
@@ -289,7 +293,7 @@ class KVFormatTier(SecondaryTierManager):
             if not job.is_load:
                 self._store_outcomes.append(list(zip(job.keys, job.results)))
 
-    def _store_task(self, job: _Job, i: int, h: str | None, cid: int) -> Any:
+    def _store_task(self, job: _Job, i: int, h: str | None, cid: int) -> tuple[Any, Any]:
         def run() -> None:
             outcome, n = "skipped", 0
             try:
@@ -299,9 +303,12 @@ class KVFormatTier(SecondaryTierManager):
                 outcome = "error"
                 self.engine.warn_once(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
             self._finish(job, i, outcome, n)
-        return run
 
-    def _load_task(self, job: _Job, i: int, h: str | None, cid: int) -> Any:
+        def fail() -> None:  # never ran (tier shut down): not stored
+            self._finish(job, i, CANCELLED, 0)
+        return run, fail
+
+    def _load_task(self, job: _Job, i: int, h: str | None, cid: int) -> tuple[Any, Any]:
         def run() -> None:
             got = None
             try:
@@ -310,7 +317,10 @@ class KVFormatTier(SecondaryTierManager):
             except Exception as e:
                 self.engine.warn_once(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
             self._finish(job, i, got, got or 0)
-        return run
+
+        def fail() -> None:  # never ran (tier shut down): a miss
+            self._finish(job, i, None, 0)
+        return run, fail
 
     # -- SecondaryTierManager ----------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -419,10 +429,31 @@ class KVFormatTier(SecondaryTierManager):
         return not self._scan.is_alive()
 
     def shutdown(self) -> None:
+        """Stop within ``shutdown_timeout_s``: queued jobs fail (each reported once), running ones finish.
+
+        The start-up scan and the async lookups stop at their next step; a remote call already in
+        flight is not waited for past the deadline (its threads are daemons). Jobs submitted after
+        shutdown fail at once. The primary buffer is released only when no tier thread can touch it any
+        more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
+        running copy.
+        """
+        deadline = time.monotonic() + self.shutdown_timeout_s
         self._stop.set()
-        self._scan.join()
-        self._pool.shutdown()
-        self._lookups.shutdown()
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        idle = self._pool.shutdown(timeout=left())
+        self._scan.join(left())
+        lookups = threading.Thread(target=self._lookups.shutdown, name="kvformat_tier_lookups_stop", daemon=True)
+        lookups.start()
+        lookups.join(left())
+        quiet = idle and not self._scan.is_alive() and not lookups.is_alive()
+        if not quiet:
+            logger.warning("kvformat tier: shutdown gave up after %.0f s waiting for storage I/O at %s; "
+                           "the primary buffer is left to the garbage collector", self.shutdown_timeout_s,
+                           self.store.root)
+            return
         self.engine.close()
         self._flat.release()
 

@@ -28,6 +28,7 @@ from ._lru import LRUIndex
 logger = logging.getLogger("kvformat.vllm")
 
 WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
+CANCELLED = "cancelled"  # a store that never ran: the tier shut down first
 TEMP_MAX_AGE_S = 3600.0  # a temp file this old belongs to a crashed writer, not a slow live one
 # A load refreshes the file's mtime (the LRU order a restart rebuilds) at most this often: a utime per
 # load cost ~10% of a tmpfs load, and a restart's LRU order only needs to be right to within minutes.
