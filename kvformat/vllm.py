@@ -443,6 +443,7 @@ class KVFormatTier(SecondaryTierManager):
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
 
+        self.engine.toucher.close(0)  # pending mtime touches are dropped: they only refine a restart's order
         idle = self._pool.shutdown(timeout=left())
         self._scan.join(left())
         lookups = threading.Thread(target=self._lookups.shutdown, name="kvformat_tier_lookups_stop", daemon=True)

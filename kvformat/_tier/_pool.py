@@ -87,3 +87,66 @@ class DualPool:
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
+
+
+class BatchWorker:
+    """One daemon thread that applies ``fn`` to batches of submitted keys, duplicates coalesced.
+
+    For work that must stay off a request's critical path (the tier's mtime touches: a copy_object
+    on S3, a re-upload on other remote roots). At most ``max_pending`` keys wait; more are dropped
+    (the work is an optimisation: a lost touch only makes a restart's LRU order older).
+    """
+
+    def __init__(self, fn: Callable[[list[str]], None], name: str, max_pending: int = 65536) -> None:
+        self._fn = fn
+        self._cv = threading.Condition()
+        self._pending: dict[str, None] = {}  # insertion-ordered set
+        self._busy = False
+        self._stop = False
+        self.max_pending = max_pending
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, key: str) -> bool:
+        """Queue ``key``; False if it was dropped (stopped, or ``max_pending`` keys already wait)."""
+        with self._cv:
+            if self._stop or (key not in self._pending and len(self._pending) >= self.max_pending):
+                self.dropped += 1
+                return False
+            self._pending[key] = None
+            self._cv.notify()
+            return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._pending or self._stop):
+                    self._cv.wait()
+                if self._stop:
+                    return
+                batch, self._pending = list(self._pending), {}
+                self._busy = True
+            try:
+                self._fn(batch)
+            except Exception:  # noqa: BLE001 - fn handles its own errors; this thread must survive a bug
+                pass
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Block until every key submitted so far has been processed."""
+        with self._cv:
+            while (self._pending or self._busy) and not self._stop:
+                self._cv.wait()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Drop what is pending and stop; True if the thread ended within ``timeout``."""
+        with self._cv:
+            self._stop = True
+            self._pending.clear()
+            self._cv.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()

@@ -24,6 +24,7 @@ from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaM
 from ..storage import Store
 from ._config import TierConfig
 from ._lru import LRUIndex
+from ._pool import BatchWorker
 
 logger = logging.getLogger("kvformat.vllm")
 
@@ -33,6 +34,9 @@ TEMP_MAX_AGE_S = 3600.0  # a temp file this old belongs to a crashed writer, not
 # A load refreshes the file's mtime (the LRU order a restart rebuilds) at most this often: a utime per
 # load cost ~10% of a tmpfs load, and a restart's LRU order only needs to be right to within minutes.
 TOUCH_INTERVAL_S = 300.0
+# A store that finds its file being evicted (or replaced) by another thread retries; only a cache churning
+# the same file faster than this gives up (reported FAILED: nothing was stored).
+STORE_ATTEMPTS = 4
 SCAN_BATCH = 1024  # files indexed per batch by the start-up scan (evicting after each batch)
 
 COUNTERS = ("bytes_written", "files_written", "bytes_read", "files_read", "checksum_failures", "corrupt_files",
@@ -89,9 +93,25 @@ class RowEngine:
         self._arr: np.ndarray | None = np.frombuffer(flat, dtype=np.uint8) if copies > 1 and len(flat) else None
         self._addr = int(self._arr.ctypes.data) if self._arr is not None else 0
         self._mtimes: dict[str, float] = {}  # relpath -> last known file mtime (written, scanned, touched)
+        # File mtime is the LRU clock a restart rebuilds from; loads hand their touches to this thread.
+        self.toucher = BatchWorker(self._touch_batch, name="kvformat_tier_touch")
+
+    def _touch_batch(self, rels: list[str]) -> None:
+        for rel in rels:
+            # Pinned while touched: a remote touch may rewrite the file, and an eviction racing it would
+            # leave a file on storage that the index no longer counts.
+            self.index.pin(rel)
+            try:
+                if rel in self.index:
+                    self.store.touch(rel)
+            except OSError as e:
+                self.warn_once(f"touch:{type(e).__name__}", "kvformat tier: touching %s failed: %s", rel, e)
+            finally:
+                self.index.unpin(rel)
 
     def close(self) -> None:
         """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
+        self.toucher.close(0)
         self._arr = None
         self.flat = memoryview(b"")
 
@@ -163,7 +183,7 @@ class RowEngine:
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
                                     level=self.cfg.compression_level, payload_xxh3=digests[0] if digests else None)
         size = len(hdr) + len(data)
-        for attempt in range(2):
+        for attempt in range(STORE_ATTEMPTS):
             self.delete_victims(self.index.reserve(size))
             try:
                 wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
@@ -249,10 +269,7 @@ class RowEngine:
             now = time.time()
             if now - self._mtimes.get(rel, 0.0) > TOUCH_INTERVAL_S:
                 self._mtimes[rel] = now
-                try:
-                    self.store.touch(rel)  # file mtime is the LRU clock a restart rebuilds from
-                except OSError:
-                    pass
+                self.toucher.submit(rel)  # off the load's path: a touch is a server-side copy on S3
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
             return hdr.file_bytes
         finally:
