@@ -279,7 +279,11 @@ class KVFormatTier(SecondaryTierManager):
             res = JobResult(job.job_id, success, successful_keys=None if success else tuple(ok),
                             transfer_time=time.monotonic() - job.t0, transfer_bytes=job.nbytes)
         else:
-            success = all(r not in ("error", CANCELLED) for r in job.results)
+            # Success means every chunk is on storage now. FAILED, REPLICA_MISMATCH, an error, a cancelled
+            # task or a key of another group stored nothing: vLLM then counts a failed store (its
+            # back-pressure detector may pause stores to this tier), and the primary copy is released
+            # exactly as after a success, so nothing else changes for the chunk.
+            success = all(r in (WRITTEN, EXISTS) for r in job.results)
             res = JobResult(job.job_id, success, transfer_time=time.monotonic() - job.t0,
                             transfer_bytes=job.nbytes)
             if self.events is not None:
