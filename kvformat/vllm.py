@@ -239,7 +239,7 @@ class KVFormatTier(SecondaryTierManager):
     def _hash(self, key: OffloadKey) -> str | None:
         if get_offload_group_idx(key) != self.layout.group:
             return None
-        return get_offload_block_hash(key).hex()
+        return str(get_offload_block_hash(key).hex())
 
     def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
         if self._stop.is_set():  # shutting down: no more storage round trips

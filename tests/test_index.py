@@ -273,7 +273,7 @@ def test_index_is_exact_after_concurrent_stores_loads_and_probes(tmp_path, max_f
     def worker(wid: int) -> None:
         rnd = random.Random(wid)
         try:
-            for n in range(60):
+            for _ in range(60):
                 i = rnd.randrange(8)
                 chunk = wid  # one row per worker: rows are the caller's, never shared by two jobs
                 op = rnd.random()

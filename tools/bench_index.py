@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-rev", default="62b3639")
     a = ap.parse_args(argv)
     old_cls = old_index_class(a.old_rev)
-    print(f"LRU index latency, {a.loaders} loader threads, {a.seconds:g} s per cell (median, p99, max: microseconds; ops: how many ran)")
+    print(f"LRU index latency, {a.loaders} loader threads, {a.seconds:g} s per cell "
+          "(median, p99, max: microseconds; ops: how many ran)")
     hdr = f"{'files':>9} {'op':>8} {'old p50':>10} {'old p99':>10} {'new p50':>10} {'new p99':>10} " \
           f"{'p50 x':>8} {'p99 x':>8} {'old max':>10} {'new max':>10} {'ops old/new':>15}"
     print(hdr)

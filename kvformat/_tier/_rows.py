@@ -183,7 +183,7 @@ class RowEngine:
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
                                     level=self.cfg.compression_level, payload_xxh3=digests[0] if digests else None)
         size = len(hdr) + len(data)
-        for attempt in range(STORE_ATTEMPTS):
+        for _attempt in range(STORE_ATTEMPTS):
             self.delete_victims(self.index.reserve(size))
             try:
                 wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
@@ -289,7 +289,7 @@ class RowEngine:
             for rel in pinned:  # before the reads: an eviction meanwhile makes add_found refuse the file
                 self.index.pin(rel)
             try:
-                got = self.store.read_headers_many(pinned, verify=True)
+                got: list[Any] = self.store.read_headers_many(pinned, verify=True)
                 for i, hdr in zip(todo, got):
                     try:
                         size = self._accept_header(rels[i], BlockKey(hs[i], self.layout.group), hdr)
