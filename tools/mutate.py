@@ -10,7 +10,8 @@ Mutants (each applied alone, in a temporary copy of the tree, never in the worki
   O_DIRECT branch of ``_read_payload``.
 
 A mutant is *killed* when at least one selected test fails (pytest ``-x``: it stops at the first
-failure, so killed mutants are quick); it *survives* when every test passes. Tests per mutant:
+failure, so killed mutants are quick); it *survives* when every test passes
+(``EQUIVALENT`` lists the survivors shown equivalent, with why). Tests per mutant:
 ``--tests`` (default: the format tests, which cover every F-check in a few seconds) plus, for
 _io.py mutants, the file-path tests. Prints a markdown table; ``--out`` also writes it to a file.
 
@@ -103,6 +104,19 @@ HAND = [
     ("odirect", "kvformat/_io.py", "    if not o_direct or not _O_DIRECT:\n        return _read_exact(fd, dst, offset)",
      "    if True:\n        return _read_exact(fd, dst, offset)", "the O_DIRECT branch never runs"),
 ]
+
+
+# Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
+# mutated statement's first line. Reported as "equivalent", not as survivors.
+EQUIVALENT = {
+    ("kvformat/_header.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
+                            '{layout.payload_bytes}")'):
+        "the layout is built from the same tensor table: F-4.7 ties each tensor's bytes to its shape, F-4.8 "
+        "tiles them from 0, F-4.9 fixes the first dimension, so the totals cannot differ",
+    ("kvformat/_io.py", 'raise TruncatedError("header", end, size)'):
+        "decode_header raises the same TruncatedError('header', end, size) on the short buffer; the only "
+        "difference is one read of at most MAX_HEADER_BYTES (F-8.1 is checked first)",
+}
 
 
 def all_mutants() -> list[Mutant]:
@@ -202,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         if base_ok:
             print(f"the unmutated tree fails its tests ({why}): fix that first", file=sys.stderr)
             return 2
-        rows = []
+        rows: list[tuple[Mutant, bool | None, str, float]] = []
         t_all = time.monotonic()
         for m in muts:
             original = apply(tree, m)
@@ -213,19 +227,24 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 with open(os.path.join(tree, m.path), "w") as f:
                     f.write(original)
+            eq = EQUIVALENT.get((m.path, m.old.splitlines()[0].strip()))
+            if not killed and eq:
+                killed, by = None, f"equivalent: {eq}"
             rows.append((m, killed, by, dt))
-            print(f"{m.mid} {m.must:7} {'killed  ' if killed else 'SURVIVED'} {dt:5.1f}s {m.path}:{m.line} {by}",
-                  file=sys.stderr, flush=True)
+            state = "killed  " if killed else ("equiv.  " if killed is None else "SURVIVED")
+            print(f"{m.mid} {m.must:7} {state} {dt:5.1f}s {m.path}:{m.line} {by}", file=sys.stderr, flush=True)
         total = time.monotonic() - t_all
     finally:
         shutil.rmtree(tree, ignore_errors=True)
-    survived = [r for r in rows if not r[1]]
-    lines = [f"Mutation run: {len(rows)} mutants, {len(rows) - len(survived)} killed, {len(survived)} survived "
-             f"({total:.0f} s)", "",
+    survived = [r for r in rows if r[1] is False]
+    equivalent = [r for r in rows if r[1] is None]
+    lines = [f"Mutation run: {len(rows)} mutants, {len(rows) - len(survived) - len(equivalent)} killed, "
+             f"{len(equivalent)} equivalent, {len(survived)} survived ({total:.0f} s)", "",
              "| id | MUST | where | mutation | result | first failing test |", "|---|---|---|---|---|---|"]
     for m, killed, by, _ in rows:
-        result = "killed" if killed else "**survived**"
-        lines.append(f"| {m.mid} | {m.must} | `{m.path}:{m.line}` | {m.what} | {result} | {by if killed else ''} |")
+        result = "killed" if killed else ("equivalent" if killed is None else "**survived**")
+        note = by if killed is not False else ""
+        lines.append(f"| {m.mid} | {m.must} | `{m.path}:{m.line}` | {m.what} | {result} | {note} |")
     table = "\n".join(lines)
     print(table)
     if a.out:
