@@ -23,7 +23,8 @@ def _mod() -> Any:
 def compress(payload: Any, level: int = 3) -> bytes:
     """One zstd frame with the content size in its header (§6)."""
     z = _mod()
-    return z.ZstdCompressor(level=level, write_content_size=True, write_checksum=False).compress(payload)
+    frame: bytes = z.ZstdCompressor(level=level, write_content_size=True, write_checksum=False).compress(payload)
+    return frame
 
 
 def decompress_into(frame: Any, out: memoryview) -> None:

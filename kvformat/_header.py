@@ -6,7 +6,7 @@ import functools
 import json
 import re
 import struct
-from typing import Any
+from typing import Any, cast
 
 import xxhash
 
@@ -121,7 +121,7 @@ def header_length(prefix: bytes | bytearray | memoryview) -> int:
         raise OversizedHeaderError("header length", MAX_HEADER_BYTES, n)  # F-8.1
     if (LENGTH_BYTES + n) % ALIGNMENT:
         raise HeaderError(f"header length {n} does not put the data section on a {ALIGNMENT}-byte boundary")  # F-3.2
-    return LENGTH_BYTES + n
+    return LENGTH_BYTES + int(n)
 
 
 def _no_dups(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -149,7 +149,8 @@ def decode_header(buf: bytes | bytearray | memoryview, *, file_bytes: int | None
     if verify:
         actual = xxh3_hex(region[:pos] + HEX64_ZERO + region[pos + HEX64_LEN:]).encode()
         if stored != actual:
-            raise ChecksumError("header", stored.decode("ascii", "replace"), actual.decode())  # F-5.1 (before any parsing: F-5.4)
+            # F-5.1, before any parsing (F-5.4):
+            raise ChecksumError("header", stored.decode("ascii", "replace"), actual.decode())  # F-5.1
     text = region[LENGTH_BYTES:].rstrip(b" ")
     if not text.endswith(b"}"):
         raise InvalidJSONError("header JSON is not one object followed by space padding")  # F-3.5
@@ -215,7 +216,8 @@ def _parse_tensors(text: str) -> _TensorTable:
                 raise SchemaError(f"tensor {name[:60]}.shape", "negative dimension")
             numel *= d
         if offs[0] < 0 or offs[1] - offs[0] != numel * DTYPE_SIZES[t["dtype"]]:
-            raise SchemaError(f"tensor {name[:60]}.data_offsets", f"{offs} does not hold shape {shape} of {t['dtype']}")  # F-4.7
+            raise SchemaError(f"tensor {name[:60]}.data_offsets",  # F-4.7
+                              f"{offs} does not hold shape {shape} of {t['dtype']}")
         entries.append((offs[0], offs[1], name, t["dtype"], tuple(shape)))
     if not 1 <= len(entries) <= MAX_LAYERS:
         raise SchemaError("tensors", f"expected 1..{MAX_LAYERS} tensors, got {len(entries)}")  # F-8.2
@@ -223,7 +225,8 @@ def _parse_tensors(text: str) -> _TensorTable:
     pos = 0
     for begin, stop, name, _, _ in entries:
         if begin != pos:
-            raise SchemaError(f"tensor {name[:60]}.data_offsets", f"expected to start at {pos}, starts at {begin}")  # F-4.8
+            raise SchemaError(f"tensor {name[:60]}.data_offsets",  # F-4.8
+                              f"expected to start at {pos}, starts at {begin}")
         pos = stop
     return _TensorTable(tuple((name, dtype, shape) for _, _, name, dtype, shape in entries), pos)
 
@@ -311,7 +314,8 @@ def _static(values: tuple[str | None, ...], bpc: int, layers_key: Any) -> tuple[
         roles=m["kvf.roles"], pins=m["kvf.pins"])
     prov = Provenance(tp=parse_uint("kvf.tp", m["kvf.tp"], minimum=1), pp=parse_uint("kvf.pp", m["kvf.pp"], minimum=1),
                       dcp=parse_uint("kvf.dcp", m["kvf.dcp"], minimum=1),
-                      pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1), row=m["kvf.row"], writer=m["kvf.writer"])
+                      pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1),
+                      row=cast(str, m["kvf.row"]), writer=cast(str, m["kvf.writer"]))  # non-None: checked above
     return layout, prov
 
 

@@ -502,7 +502,8 @@ def _wait_for_size(fd: int, path: str, total: int, backoff: _Backoff) -> None:
         if st.st_nlink == 0:
             raise StagingError(f"{path}: the creating rank failed before sizing the row")
         if backoff.expired():
-            raise StagingTimeoutError(f"{path}: the creating rank did not size the row in time", waited_s=backoff.waited())
+            raise StagingTimeoutError(f"{path}: the creating rank did not size the row in time",
+                                      waited_s=backoff.waited())
         backoff.pause()
 
 
@@ -571,7 +572,8 @@ class Stager:
             try:
                 flat = t.view(num_blocks, -1) if t.dim() > 2 else t
             except RuntimeError:
-                raise StagingError(f"layer {spec.name}: each block must be contiguous, got strides {t.stride()}") from None
+                raise StagingError(f"layer {spec.name}: each block must be contiguous, "
+                                   f"got strides {t.stride()}") from None
             self._pages.append(flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat)
         self.device = device
         self.num_blocks = num_blocks

@@ -48,7 +48,7 @@ from .layout import (
 from ._tier._config import TierConfig
 from ._tier._lru import LRUIndex
 from ._tier._pool import DualPool
-from ._tier._rows import COUNTERS, EXISTS, WRITTEN, RowEngine
+from ._tier._rows import CANCELLED, COUNTERS, EXISTS, WRITTEN, RowEngine
 from .errors import SchemaError
 from .storage import open_store
 
@@ -341,6 +341,8 @@ class KVFormatTier(SecondaryTierManager):
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
+    #: Bound on :meth:`shutdown` (seconds): a remote root must not hold a vLLM shutdown for minutes.
+    shutdown_timeout_s: float = 10.0
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
@@ -419,10 +421,12 @@ class KVFormatTier(SecondaryTierManager):
         eng = self.engines.get(get_offload_group_idx(key))
         if eng is None:
             return None, None
-        return eng, get_offload_block_hash(key).hex()
+        return eng, str(get_offload_block_hash(key).hex())
 
     def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
         out = [False] * len(keys)
+        if self._stop.is_set():  # shutting down: no more storage round trips
+            return out
         by_engine: dict[int, list[tuple[int, str]]] = {}
         for i, k in enumerate(keys):
             eng, h = self._target(k)
@@ -465,7 +469,11 @@ class KVFormatTier(SecondaryTierManager):
             res = JobResult(job.job_id, success, successful_keys=None if success else tuple(ok),
                             transfer_time=time.monotonic() - job.t0, transfer_bytes=job.nbytes)
         else:
-            success = all(r != "error" for r in job.results)
+            # Success means every chunk is on storage now. FAILED, REPLICA_MISMATCH, an error, a cancelled
+            # task or a key of another group stored nothing: vLLM then counts a failed store (its
+            # back-pressure detector may pause stores to this tier), and the primary copy is released
+            # exactly as after a success, so nothing else changes for the chunk.
+            success = all(r in (WRITTEN, EXISTS) for r in job.results)
             res = JobResult(job.job_id, success, transfer_time=time.monotonic() - job.t0,
                             transfer_bytes=job.nbytes)
             if self.events is not None:
@@ -479,7 +487,7 @@ class KVFormatTier(SecondaryTierManager):
             if not job.is_load:
                 self._store_outcomes.append(list(zip(job.keys, job.results)))
 
-    def _store_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> Any:
+    def _store_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> tuple[Any, Any]:
         eng, h = self._target(key)
 
         def run() -> None:
@@ -491,9 +499,12 @@ class KVFormatTier(SecondaryTierManager):
                 outcome = "error"
                 self.engine.warn_once(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
             self._finish(job, i, outcome, n)
-        return run
 
-    def _load_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> Any:
+        def fail() -> None:  # never ran (tier shut down): not stored
+            self._finish(job, i, CANCELLED, 0)
+        return run, fail
+
+    def _load_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> tuple[Any, Any]:
         eng, h = self._target(key)
 
         def run() -> None:
@@ -504,7 +515,10 @@ class KVFormatTier(SecondaryTierManager):
             except Exception as e:
                 self.engine.warn_once(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
             self._finish(job, i, got, got or 0)
-        return run
+
+        def fail() -> None:  # never ran (tier shut down): a miss
+            self._finish(job, i, None, 0)
+        return run, fail
 
     # -- SecondaryTierManager ----------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -613,10 +627,33 @@ class KVFormatTier(SecondaryTierManager):
         return not self._scan.is_alive()
 
     def shutdown(self) -> None:
+        """Stop within ``shutdown_timeout_s``: queued jobs fail (each reported once), running ones finish.
+
+        The start-up scan and the async lookups stop at their next step; a remote call already in
+        flight is not waited for past the deadline (its threads are daemons). Jobs submitted after
+        shutdown fail at once. The primary buffer is released only when no tier thread can touch it any
+        more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
+        running copy.
+        """
+        deadline = time.monotonic() + self.shutdown_timeout_s
         self._stop.set()
-        self._scan.join()
-        self._pool.shutdown()
-        self._lookups.shutdown()
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        for eng in self.engines.values():  # pending mtime touches are dropped: they only refine a restart's order
+            eng.toucher.close(0)
+        idle = self._pool.shutdown(timeout=left())
+        self._scan.join(left())
+        lookups = threading.Thread(target=self._lookups.shutdown, name="kvformat_tier_lookups_stop", daemon=True)
+        lookups.start()
+        lookups.join(left())
+        quiet = idle and not self._scan.is_alive() and not lookups.is_alive()
+        if not quiet:
+            logger.warning("kvformat tier: shutdown gave up after %.0f s waiting for storage I/O at %s; "
+                           "the primary buffer is left to the garbage collector", self.shutdown_timeout_s,
+                           self.store.root)
+            return
         for eng in self.engines.values():
             eng.close()
         self._flat.release()

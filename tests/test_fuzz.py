@@ -34,7 +34,7 @@ def test_fuzz_loop(tmp_path):
     out = tmp_path / "summary.json"
     # The timeout only turns a hang of the whole loop into a failure; each case has its own 10 s timer.
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fuzz.py"), "--cases", str(cases), "--seed", "7",
-                        "--jobs", "2" if SLOW else "1",
+                        "--jobs", "2" if SLOW else "1", "--unverified", "0",  # verify=False: its own test below
                         "--mem-limit-mb", "512", "--json", str(out), "--save-failures", str(tmp_path / "failures"),
                         "--tmpdir", str(tmp_path)], capture_output=True, text=True, timeout=3600 if SLOW else 600)
     assert out.exists(), r.stderr[-3000:]
@@ -50,6 +50,33 @@ def test_fuzz_loop(tmp_path):
             "NotKVFormatError", "OversizedHeaderError", "UnsupportedVersionError"} <= set(summary["by_error"])
     # Memory stays within a small multiple of the header limit (1 MiB), whatever the input declares.
     assert summary["max_tracemalloc_peak"] < 32 << 20
+
+
+
+def _fuzz(tmp_path, *args: str) -> dict:
+    out = tmp_path / "summary.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fuzz.py"), *args, "--json", str(out),
+                        "--tmpdir", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert out.exists(), r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_fuzz_unverified_reads_through_both_backends(tmp_path):
+    """verify=False on half the cases, every case also read through a LocalStore and an fsspec store:
+    only kvformat errors, and a destination that is untouched or zeroed whenever a read fails (F-5.5
+    on every path, backend, codec and flag)."""
+    cases = 20_000 if SLOW else 800
+    summary = _fuzz(tmp_path, "--cases", str(cases), "--seed", "11", "--unverified", "0.5", "--mem-limit-mb", "512")
+    assert summary["failures"] == [], summary["failures"][:5]
+    assert summary["unverified_cases"] >= cases // 4 and summary["cases"] == cases
+
+
+def test_fuzz_metadata_files_through_the_cli(tmp_path):
+    """Mutated namespace.json and legacy config.json (wrong types, nulls, zeros, lists for dicts, bytes):
+    inspect, verify and compact --dry-run exit 0/1/2 with parseable --json, never a traceback or a hang."""
+    summary = _fuzz(tmp_path, "--metadata", "--cases", "2000" if SLOW else "150", "--seed", "5", "--per-case-s", "20")
+    assert summary["failures"] == [], summary["failures"][:5]
+    assert summary["cases"] == (2000 if SLOW else 150)
 
 
 def test_checker_catches_acceptance_and_leaks(tmp_path):

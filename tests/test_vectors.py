@@ -90,13 +90,22 @@ def test_invalid_vector(name, tmp_path):
         K.decode(raw, expect=expect, key=key)
     assert type(ei.value) is cls, f"{name}: expected {cls.__name__}, got {type(ei.value).__name__}: {ei.value}"
     for attr in ("field", "region"):
+        # Every error that names its field or region has it pinned: a check that starts failing on another
+        # field (a later check catching what an earlier one let through) is a different failure.
+        if hasattr(ei.value, attr):
+            assert attr in exp, f"{name}: the vector does not pin {attr} ({getattr(ei.value, attr)!r})"
         if attr in exp:
             assert getattr(ei.value, attr) == exp[attr]
+    assert re.search(exp["message"], ei.value.message), f"{name}: {ei.value.message!r} !~ {exp['message']!r}"
     # Same class through the file path; a checksum failure leaves the destination zero-filled (F-5.5).
     out = bytearray(b"\xaa" * (1 << 20))
     with pytest.raises(errors.KVFormatError) as ei2:
         K.read_into(path, out, expect=expect, key=key)
     assert type(ei2.value) is cls and ei2.value.path == str(path)
+    assert re.search(exp["message"], ei2.value.message), f"{name} (file path): {ei2.value.message!r}"
+    for attr in ("field", "region"):
+        if attr in exp:
+            assert getattr(ei2.value, attr) == exp[attr]
     if exp.get("zero_filled"):
         # read_into gets the payload size from the header, so invalidation covers exactly that prefix.
         n = K.decode_header(raw, verify=False).raw_bytes

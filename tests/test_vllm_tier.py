@@ -303,7 +303,7 @@ def test_lru_index_never_evicts_pinned_files():
     idx.begin_scan()
     idx.remove("c")
     assert idx.merge_scan([("old", 10, 1.0), ("c", 100, 2.0), ("d", 100, 3.0)]) == 1  # "c" was deleted meanwhile
-    assert list(idx._entries) == ["old", "d"] and idx.used == 110
+    assert idx.lru_order() == ["old", "d"] and idx.used == 110
 
 
 # -- restart ------------------------------------------------------------------------------------------

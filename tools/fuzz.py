@@ -36,6 +36,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import signal
 import struct
 import sys
@@ -504,27 +505,38 @@ def _check_dst(dst: bytearray, where: str) -> None:
         raise Failure(f"{where}: destination holds bytes that are neither the sentinel nor zero")
 
 
-def check_case(data: bytes, seed: Seed, path: str, dst: bytearray, *, expect: bool, o_direct: bool) -> str:
+def check_case(data: bytes, seed: Seed, path: str, dst: bytearray, *, expect: bool, o_direct: bool,
+               verify: bool = True, stores: tuple[tuple[str, Any, str], ...] = ()) -> str:
     """Run one input through every reader; returns the error class name or raises Failure.
 
     A mutated file may only be accepted when it still means exactly the original: same layout, same
     key, and the reader put exactly the original payload into ``dst`` (e.g. a checksum-recomputed flip
     of a zstd bit that decodes to the same bytes, G-1.5). That returns "Equivalent"; any other accepted
     input is a failure.
+
+    ``verify=False`` (checksums off): a reader may accept a file whose bytes it does not check, but it
+    must still raise only kvformat errors and leave ``dst`` untouched or zeroed when it raises (F-5.5
+    holds on every path and flag). ``stores``: (name, Store, relpath) triples holding the same bytes;
+    each is read through ``Store.read_into`` too (the local and the fsspec backend).
     """
     reasons = []
     kw: dict[str, Any] = {"expect": seed.layout, "key": seed.key} if expect else {}
-    for where in ("decode", "read_into", "read_header"):
+    readers = ["decode", "read_into", "read_header"] + [f"store:{name}" for name, _, _ in stores]
+    by_name = {f"store:{name}": (st, rel) for name, st, rel in stores}
+    for where in readers:
         dst[:] = bytes((SENTINEL,)) * len(dst) if len(dst) < 4096 else _SENT[:len(dst)]
         try:
             if where == "decode":
-                hdr, _ = K.decode(data, out=dst, **kw)
+                hdr, _ = K.decode(data, out=dst, verify=verify, **kw)
             elif where == "read_into":
-                hdr = K.read_into(path, dst, o_direct=o_direct, **kw)
-            else:
-                K.read_header(path)
+                hdr = K.read_into(path, dst, o_direct=o_direct, verify=verify, **kw)
+            elif where == "read_header":
+                K.read_header(path, verify=verify)
                 reasons.append("-")
                 continue
+            else:
+                st, rel = by_name[where]
+                hdr = st.read_into(rel, memoryview(dst), verify=verify, **kw)
         except K.KVFormatError as e:
             _check_dst(dst, where)
             reasons.append(type(e).__name__)
@@ -533,26 +545,50 @@ def check_case(data: bytes, seed: Seed, path: str, dst: bytearray, *, expect: bo
             raise Failure(f"{where}: hang (per-case timer fired)") from None
         except Exception as e:  # the bug this tool exists to find
             raise Failure(f"{where}: {type(e).__name__}: {str(e)[:300]}") from None
+        if not verify:
+            reasons.append("Unverified")  # accepted unchecked bytes: allowed with checksums off
+            continue
         if hdr.layout != seed.layout or hdr.key != seed.key or dst[:len(seed.payload)] != seed.payload:
             raise Failure(f"{where}: accepted an invalid file")
         reasons.append("Equivalent")
-    if reasons[0] != reasons[1] and "Equivalent" not in reasons[:2]:
-        raise Failure(f"decode raised {reasons[0]}, read_into raised {reasons[1]}")
+    if verify:
+        for i, where in enumerate(readers):
+            if where == "read_header" or i == 0:
+                continue
+            if reasons[i] != reasons[0] and "Equivalent" not in (reasons[0], reasons[i]):
+                raise Failure(f"decode raised {reasons[0]}, {where} raised {reasons[i]}")
     return reasons[0]
 
 
 _SENT = bytearray((SENTINEL,)) * (1 << 20)
 
 
+def _stores(d: str) -> tuple[tuple[str, Any, str], ...]:
+    """The same case through both backends: a LocalStore over ``d`` and an fsspec memory:// store."""
+    from kvformat.storage import open_store
+
+    out: list[tuple[str, Any, str]] = [("local", open_store(d), "case.kvf")]
+    try:
+        out.append(("fsspec", open_store(f"memory://kvf-fuzz-{os.getpid()}"), "case.kvf"))
+    except ImportError:  # fsspec is a core dependency; without it only the local backend runs
+        pass
+    return tuple(out)
+
+
 def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_every: int = 97,
-        save_failures: str | None = None, tmpdir: str | None = None) -> dict[str, Any]:
-    """Run ``cases`` cases; returns the summary (see module docstring)."""
+        save_failures: str | None = None, tmpdir: str | None = None, unverified: float = 0.25,
+        backends: bool = True) -> dict[str, Any]:
+    """Run ``cases`` cases; returns the summary (see module docstring).
+
+    ``unverified``: the share of cases read with ``verify=False``; ``backends``: also read every case
+    through a LocalStore and an fsspec (memory://) store.
+    """
     rng = random.Random(seed)
     seeds = make_seeds(seed)
     dst = bytearray(max(len(s.payload) for s in seeds) + 64)
     summary: dict[str, Any] = {"cases": 0, "rejected": 0, "equivalent": 0, "skipped_unchanged": 0, "failures": [],
                                "by_error": {}, "by_mutator": {}, "max_tracemalloc_peak": 0,
-                               "max_peak_over_input": 0.0, "max_case_s": 0.0, "seed": seed}
+                               "max_peak_over_input": 0.0, "max_case_s": 0.0, "seed": seed, "unverified_cases": 0}
     valid = {s.file for s in seeds}
     queue = systematic(seeds)
     names = list(MUTATORS)
@@ -561,6 +597,7 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvf-fuzz-", dir=tmpdir) as d:
         path = os.path.join(d, "case.kvf")
+        stores = _stores(d) if backends else ()
         while summary["cases"] < cases:
             s = rng.choice(seeds)
             if queue:
@@ -575,6 +612,9 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
                 continue
             with open(path, "wb") as f:
                 f.write(data)
+            for name, st, rel in stores:
+                if name != "local":  # the local store's file is case.kvf itself
+                    st.put(rel, [data], overwrite=True)
             summary["cases"] += 1
             measure = tracemalloc_every and summary["cases"] % tracemalloc_every == 0
             if measure:
@@ -582,8 +622,12 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
             c0 = time.perf_counter()
             signal.setitimer(signal.ITIMER_REAL, per_case_s)
             try:
-                reason = check_case(data, s, path, dst, expect=rng.random() < 0.5, o_direct=rng.random() < 0.25)
-                summary["equivalent" if reason == "Equivalent" else "rejected"] += 1
+                verify = rng.random() >= unverified
+                reason = check_case(data, s, path, dst, expect=rng.random() < 0.5, o_direct=rng.random() < 0.25,
+                                    verify=verify, stores=stores)
+                if not verify:
+                    summary["unverified_cases"] += 1
+                summary["equivalent" if reason in ("Equivalent", "Unverified") else "rejected"] += 1
                 summary["by_error"][reason] = summary["by_error"].get(reason, 0) + 1
             except Failure as e:
                 _record(summary, mname, s, data, str(e), save_failures)
@@ -603,6 +647,150 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
     summary["n_failures"] = len(summary["failures"])
     summary["failures"] = summary["failures"][:20]
     return summary
+
+
+# -- metadata files: namespace.json and a legacy config.json, through the CLI -----------------------------
+
+def _meta_trees(d: str) -> list[tuple[str, str, list[list[str]]]]:
+    """(root, metadata file, CLI commands) for a kvformat namespace and a legacy vLLM fs-tier tree."""
+    from kvformat import legacy
+    from kvformat._spec import NAMESPACE_FILE
+    from kvformat.storage import open_store
+
+    lay = K.CanonicalLayout.uniform("org/meta", "bfloat16", ["l0", "l1"], 4, 8)
+    kroot = os.path.join(d, "kvf")
+    st = open_store(kroot)
+    ns = st.ensure_namespace(lay)
+    st.put_block(bytes(lay.payload_bytes), lay, K.BlockKey("ab" * 32))
+    lroot = os.path.join(d, "legacy")
+    fields = legacy.legacy_fields("org/meta", tokens_per_hash=4, blocks_per_file=1, dtype="bfloat16",
+                                  kv_cache_groups=[{"tokens_per_block": 4, "layer_names": ["l0", "l1"]}], tp=2)
+    legacy.write_legacy_row(lroot, fields, "cd" * 32, bytes(2 * lay.payload_bytes))
+    cfg, _ = legacy.legacy_paths(lroot, fields, "cd" * 32)
+    out = os.path.join(d, "out")
+    return [(kroot, os.path.join(kroot, ns, NAMESPACE_FILE),
+             [["inspect", kroot, "--json"], ["verify", kroot, "--json"]]),
+            (lroot, cfg, [["inspect", lroot, "--json"], ["verify", lroot, "--json"],
+                          ["compact", lroot, out, "--dry-run", "--json"]])]
+
+
+_BAD_VALUES: list[Any] = ["", "x", None, 0, -1, 1 << 70, 1.5, True, [], {}, [1, 2], {"a": 1}, "\u0000", "é" * 300]
+
+
+def _mutate_json(rng: random.Random, doc: Any) -> bytes:
+    """One hostile edit of a metadata document: a wrong-typed value, a deleted or renamed key, or raw bytes."""
+    kind = rng.random()
+    text = json.dumps(doc).encode()
+    if kind < 0.15:  # byte level: truncation, a flipped byte, invalid UTF-8, an empty file
+        i = rng.randrange(len(text))
+        return rng.choice([text[:i], text[:i] + bytes([text[i] ^ (1 << rng.randrange(8))]) + text[i + 1:],
+                           text[:i] + b"\xff\xfe" + text[i:], b"", b"[]", b"null", b"{" * 5000])
+    doc = json.loads(text)
+    # walk to a random container
+    node, parent, key = doc, None, None
+    for _ in range(rng.randrange(4)):
+        if isinstance(node, dict) and node:
+            parent, key = node, rng.choice(list(node))
+        elif isinstance(node, list) and node:
+            parent, key = node, rng.randrange(len(node))
+        else:
+            break
+        node = parent[key]
+    if parent is None:
+        return json.dumps(rng.choice(_BAD_VALUES)).encode() if kind < 0.2 else json.dumps(
+            {k: rng.choice(_BAD_VALUES) if rng.random() < 0.3 else v for k, v in doc.items()}
+            if isinstance(doc, dict) else doc).encode()
+    if kind < 0.8:
+        parent[key] = rng.choice(_BAD_VALUES)
+    elif isinstance(parent, dict):
+        if rng.random() < 0.5:
+            del parent[key]
+        else:
+            parent[str(key) + "_x"] = parent.pop(key)
+    else:
+        parent.insert(key, rng.choice(_BAD_VALUES))
+    return json.dumps(doc, allow_nan=True).encode()
+
+
+def run_metadata(cases: int, seed: int = 1, *, tmpdir: str | None = None, per_case_s: float = 10.0) -> dict[str, Any]:
+    """Mutated namespace.json / legacy config.json under every read-only CLI command.
+
+    The rule (issue 11): metadata is untrusted input. ``main()`` returns one of the documented exit codes
+    (0 ok, 1 bad files, 2 usage or I/O error), its ``--json`` output parses, and no exception escapes.
+    """
+    from kvformat._cli import main as cli
+
+    rng = random.Random(seed)
+    summary: dict[str, Any] = {"cases": 0, "failures": [], "by_exit": {}, "seed": seed}
+    with tempfile.TemporaryDirectory(prefix="kvf-fuzz-meta-", dir=tmpdir) as d:
+        trees = _meta_trees(d)
+        originals = [json.loads(open(f, "rb").read()) for _, f, _ in trees]
+        while summary["cases"] < cases:
+            i = rng.randrange(len(trees))
+            root, f, cmds = trees[i]
+            data = _mutate_json(rng, originals[i])
+            with open(f, "wb") as fh:
+                fh.write(data)
+            summary["cases"] += 1
+            for argv in cmds:
+                rc, msg = _cli_case(cli, argv, per_case_s)
+                if msg:
+                    _meta_failure(summary, argv, data, msg)
+                else:
+                    summary["by_exit"][str(rc)] = summary["by_exit"].get(str(rc), 0) + 1
+            shutil.rmtree(os.path.join(d, "out"), ignore_errors=True)
+    summary["n_failures"] = len(summary["failures"])
+    summary["failures"] = summary["failures"][:20]
+    return summary
+
+
+def _cli_case(cli: Callable[[list[str]], int], argv: list[str], per_case_s: float) -> tuple[int, str]:
+    """Run one CLI command in a forked child (a hang or a crash cannot take the fuzzer down).
+
+    Returns (exit code, failure message or ""). The child dies by SIGALRM after ``per_case_s``.
+    """
+    import contextlib
+    import io
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(max(1, int(per_case_s)))
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = cli(argv)
+            msg = "" if rc in (0, 1, 2) else f"exit code {rc!r}"
+            if not msg and out.getvalue().strip():
+                json.loads(out.getvalue())
+        except BaseException as e:  # noqa: BLE001 - a traceback is the failure this mode looks for
+            rc, msg = -1, f"{type(e).__name__}: {str(e)[:200]}"
+        os.write(w, json.dumps([rc, msg]).encode())
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return -1, f"hang (over {per_case_s:g} s)" if sig == signal.SIGALRM else f"killed by signal {sig}"
+    try:
+        rc, msg = json.loads(b"".join(chunks))
+    except ValueError:
+        return -1, "the child died without a result"
+    return int(rc), str(msg)
+
+
+def _meta_failure(summary: dict[str, Any], argv: list[str], data: bytes, msg: str) -> None:
+    summary["failures"].append({"command": argv[0], "file": os.path.basename(argv[1]), "error": msg,
+                                "input": data[:300].decode("utf-8", "replace")})
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -636,7 +824,8 @@ def _run_jobs(args: argparse.Namespace) -> dict[str, Any]:
             n = args.cases // args.jobs + (i < args.cases % args.jobs)
             out = os.path.join(d, f"{i}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--cases", str(n), "--seed", str(args.seed * 100 + i),
-                   "--per-case-s", str(args.per_case_s), "--mem-limit-mb", str(args.mem_limit_mb), "--json", out]
+                   "--per-case-s", str(args.per_case_s), "--mem-limit-mb", str(args.mem_limit_mb), "--json", out,
+                   "--unverified", str(args.unverified)] + (["--no-backends"] if args.no_backends else [])
             cmd += ["--save-failures", args.save_failures] if args.save_failures else []
             cmd += ["--tmpdir", args.tmpdir] if args.tmpdir else []
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
@@ -676,14 +865,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-failures", help="directory for failing inputs")
     p.add_argument("--tmpdir", help="where case files are written (default: the system temp dir)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (seeds SEED*100+i), summaries merged")
+    p.add_argument("--unverified", type=float, default=0.25, help="share of cases read with verify=False")
+    p.add_argument("--no-backends", action="store_true", help="skip the LocalStore/fsspec Store reads")
+    p.add_argument("--metadata", action="store_true",
+                   help="fuzz namespace.json and a legacy config.json through the CLI instead of block files")
     args = p.parse_args(argv)
+    if args.metadata:
+        summary = run_metadata(args.cases, args.seed, tmpdir=args.tmpdir, per_case_s=args.per_case_s)
+        text = json.dumps(summary, indent=2, sort_keys=True)
+        print(text)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        return 1 if summary["n_failures"] else 0
     if args.jobs > 1:
         summary = _run_jobs(args)
     else:
         if args.mem_limit_mb:
             limit_memory(args.mem_limit_mb)
         summary = run(args.cases, args.seed, per_case_s=args.per_case_s, save_failures=args.save_failures,
-                      tmpdir=args.tmpdir)
+                      tmpdir=args.tmpdir, unverified=args.unverified, backends=not args.no_backends)
     text = json.dumps(summary, indent=2, sort_keys=True)
     print(text)
     if args.json:

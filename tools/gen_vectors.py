@@ -171,6 +171,70 @@ def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
     return out
 
 
+# What each invalid vector must raise beyond its class: the structured field/region where the error has one,
+# and a pattern its message must match (re.search on KVFormatError.message), so a check that starts failing
+# for another reason (another field, a later check) is caught.
+PINS: dict[str, dict[str, str]] = {
+    "roles-wrong-length": {"message": r"^kvf\.roles: expected one \[role, kv_dtype\] per layer \(4\)$"},
+    "roles-unknown-role": {"message": r"^kvf\.roles: expected a role in \(.*\), got 'gqa'$"},
+    "roles-all-default": {"message": r"^kvf\.roles: present but every layer is a plain MLA latent"},
+    "opaque-with-another-layer": {"message": r"^kvf\.roles: an opaque layer is the only layer of its file$"},
+    "pins-not-strings": {"message": r"^kvf\.pins: expected an object of strings$"},
+    "dsa-wrong-layer-table": {"message": r"^layout mismatch on layers\[0\]: expected \[.*'U8', \[4, 394\]\], "
+                                         r"found \[.*'U8', \[4, 656\]\]$"},
+    "dsa-role-mismatch": {"message": r"^layout mismatch on layers\[1\]\.role: expected \['mla', 'fp8_ds_mla'\], "
+                                     r"found \['dsa_indexer', 'dsa_indexer_fp8'\]$"},
+    "bad-dxxh3": {"message": r"^kvf\.dxxh3: expected 16 lowercase hex digits, got 'xyz'"},
+    "bad-row": {"message": r"^kvf\.row: expected one of \(.*\), got 'sidewa"},
+    "bad-version-syntax": {"message": r"^the version string is not MAJOR\.MINOR$"},
+    "duplicate-key": {"message": r"^duplicate key 'kvf\.family' in header JSON$"},
+    "five-dims": {"message": r"^layer\.shape: expected 1\.\.4 positive ints, got \(4, 2, 2, 2, 4\)"},
+    "flip-in-codec": {"message": r"^header checksum mismatch: header says [0-9a-f]{16}, bytes hash to [0-9a-f]{16}$"},
+    "hxxh3-not-second": {"message": r"^kvf\.hxxh3 does not follow the version string$"},
+    "hxxh3-uppercase": {"message": r"^header checksum mismatch: header says [0-9A-F]{16}, bytes hash to [0-9a-f]{16}$"},
+    "invalid-json": {"message": r"^header is not valid UTF-8 JSON: Expecting value"},
+    "invalid-utf8": {"message": r"^header is not valid UTF-8 JSON: 'utf-8' codec can't decode byte 0xff"},
+    "key-mismatch": {"message": r"^layout mismatch on key: expected 'f{32}:0', found '0123456789ab"},
+    "layout-mismatch": {"message": r"^layout mismatch on tokens_per_hash: expected 8, found 4$"},
+    "leading-zero-version": {"message": r"^the version string is not MAJOR\.MINOR$"},
+    "long-name": {"message": r"^layer\.name: expected 1\.\.256 bytes, got 257$"},
+    "major-2": {"message": r"^format version '2\.0' is not supported \(this reader reads major 1\)$"},
+    "misaligned-length": {"message": r"^header length 4089 does not put the data section on a 4096-byte boundary$"},
+    "missing-key": {"message": r"^kvf\.model: missing from __metadata__$"},
+    "non-string-value": {"message": r"^kvf\.tp: __metadata__ values must be strings, got int$"},
+    "noncanonical-int": {"message": r"^kvf\.tokens_per_block: expected a canonical decimal integer, got '04'$"},
+    "nonspace-padding": {"message": r"^header JSON is not one object followed by space padding$"},
+    "offsets-gap": {"field": "tensor model.layers.1.self_attn.attn.data_offsets",
+                    "message": r": expected to start at 256, starts at 258$"},
+    "offsets-size": {"field": "tensor model.layers.0.self_attn.attn.data_offsets",
+                     "message": r": \[0, 200\] does not hold shape \[1, 4, 32\] of BF16$"},
+    "oversized-header": {"message": r"^header length is 2097144, over the limit of 1048576$"},
+    "padding-bitflip": {"message": r"^header checksum mismatch: header says [0-9a-f]{16}, bytes hash to [0-9a-f]{16}$"},
+    "payload-bitflip": {"message": r"^data checksum mismatch: header says [0-9a-f]{16}, bytes hash to [0-9a-f]{16}$"},
+    "payload-over-4gib": {"message": r"^payload: 4294967297 bytes is over the limit 4294967296$"},
+    "plain-safetensors": {"message": r"^not a kvformat file: the header does not start with the kvformat prefix$"},
+    "reserved-name": {"message": r"^layer\.name: reserved name 'kvf\.extra'$"},
+    "shape-blocks-per-chunk": {"field": "tensor model.layers.0.self_attn.attn.shape",
+                               "message": r": expected \[2, tokens, \.\.\.\], got \[1, 4, 32\]$"},
+    "shape-tokens-per-block": {"field": "layer model.layers.0.self_attn.attn.shape",
+                               "message": r": expected first dim 8 \(tokens_per_block\), got 4$"},
+    "too-many-layers": {"message": r"^tensors: expected 1\.\.1024 tensors, got 1025$"},
+    "trailing-bytes": {"message": r"^1 trailing bytes after the data section$"},
+    "truncated-data": {"message": r"^truncated data: need 4608 bytes, have 4607$"},
+    "truncated-header": {"message": r"^truncated header: need 4096 bytes, have 2000$"},
+    "truncated-length": {"message": r"^truncated length field: need 8 bytes, have 5$"},
+    "unknown-codec": {"message": r"^kvf\.codec: expected one of \('none', 'zstd'\), got 'lz4'$"},
+    "unknown-dtype": {"field": "tensor model.layers.0.self_attn.attn.dtype", "message": r": unknown dtype 'BF17'$"},
+    "uppercase-key": {"message": r"^key\.hash: expected lowercase hex, got '0123456789ABCDEF"},
+    "zero-header": {"message": r"^not a kvformat file: the header does not start with the kvformat prefix$"},
+    "zstd-bad-layers": {"message": r"^kvf\.layers: expected a list of \[name, dtype, shape\]"},
+    "zstd-raw-mismatch": {"message": r"^raw checksum mismatch: header says [0-9a-f]{16}, bytes hash to [0-9a-f]{16}$"},
+    "zstd-truncated-frame": {"message": r"^zstd frame decoded to 0 bytes, expected 512$"},
+    "zstd-wrong-size": {"message": r"^zstd frame declares 513 decoded bytes, the layout needs 512$"},
+    "zstd-wrong-tensor": {"field": "tensors",
+                          "message": r"^tensors: a compressed file holds exactly one U8 tensor named kvf\.zstd$"},
+}
+
 InvalidSpec = tuple[bytes, str, str, str, dict[str, Any]]  # bytes, error class, MUST id, what, extra expectations
 
 
@@ -185,7 +249,7 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
     v: dict[str, InvalidSpec] = {}
 
     def add(name: str, b: bytes, err: str, must: str, what: str, **extra: Any) -> None:
-        v[name] = (b, err, must, what, extra)
+        v[name] = (b, err, must, what, {**extra, **PINS.get(name, {})})
 
     # §3 byte layout
     add("truncated-length", f[:5], "TruncatedError", "F-3.1", "5 bytes: no complete length field", region="length field")

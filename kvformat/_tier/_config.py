@@ -27,7 +27,7 @@ def parse_size(name: str, value: Any) -> int | None:
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise SchemaError(name, f"expected one of {', '.join(choices)}, got {value!r}")
-    return value
+    return str(value)  # one of ``choices``: already a str
 
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:

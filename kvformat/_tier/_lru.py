@@ -1,10 +1,31 @@
 """The tier's view of what is stored: an LRU of files with sizes, a pin set, and capacity accounting.
 
 Thread-safe (one lock). Sizes are file bytes (header + data), the unit ``max_bytes`` bounds.
+
+Cost: every operation is O(1) except ``reserve``/``victims`` (O(victims + pinned files skipped) and
+O(log n) per file found by the start-up scan) and ``lru_order`` (O(n log n), for tests and tools).
+The index never copies its keys on a store: at a million files the old copy-everything ``reserve``
+held the lock for ~260 ms per store, and every load waited behind it.
+
+Exactness under races (each one has a test in tests/test_index.py):
+
+* A victim handed out by ``reserve``/``victims`` is *doomed* until the caller reports it deleted
+  (``forget``). A file found on storage (a load, a probe, a store that found the file there) is
+  indexed with ``add_found`` under a pin taken *before* the read; it is refused when the file was
+  doomed or removed since the pin, so a load racing an eviction never re-adds a file that is
+  about to disappear (a ghost entry).
+* Evictions and removals made while the start-up scan runs are remembered until the scan ends, so
+  a listing made before the deletion does not bring the file back.
+* The scan feeds files in batches (``scan_add``) and the caller evicts after each batch, so the
+  bound holds over every file the tier knows from the first store on. The exact slack: files the
+  scan has not listed yet are unknown, so storage may hold ``max_bytes`` plus the bytes of the
+  files still to be listed (zero once the scan ends), plus pinned files the bound could not evict
+  (see ``reserve``), plus victims handed out and not yet deleted.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import Counter, OrderedDict
 from typing import Iterable
@@ -15,77 +36,148 @@ class LRUIndex:
 
     ``reserve`` accounts for a file about to be written, so the bound holds while writes are in
     flight; ``victims`` picks what to delete to make room, skipping pinned files (a load is
-    reading them). Files found by the start-up scan are merged in as older than anything the tier
-    touched since it started.
+    reading them). Files found by the start-up scan are *cold*: ordered by file mtime and older
+    than anything the tier touched since it started (they are evicted first); touching a cold
+    file makes it the most recently used.
     """
 
     def __init__(self, max_bytes: int | None) -> None:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, int] = OrderedDict()
+        self._gone = threading.Condition(self._lock)  # notified when doomed files are forgotten
+        self._hot: OrderedDict[str, int] = OrderedDict()  # touched since start, LRU first
+        self._cold: dict[str, tuple[int, float]] = {}  # found by the scan, not touched: (size, mtime)
+        self._heap: list[tuple[float, str]] = []  # (mtime, relpath) of cold files; stale rows skipped
         self._used = 0
         self._reserved = 0
-        self._pins: Counter[str] = Counter()
+        self._pins: dict[str, list[int]] = {}  # relpath -> [pin count, 1 if removed/doomed since pinned]
+        self._doomed: Counter[str] = Counter()  # handed out as victims, not yet deleted
         self._removed_during_scan: set[str] | None = None
 
     # -- queries ---------------------------------------------------------------------------------
     def __contains__(self, relpath: str) -> bool:
-        return relpath in self._entries  # a dict read is atomic under the GIL
+        # Lock-free (dict reads are atomic under the GIL). Cold first: a touch inserts into _hot
+        # before deleting from _cold, so this order never misses a file moving between the two.
+        return relpath in self._cold or relpath in self._hot
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._cold) + len(self._hot)
 
     @property
     def used(self) -> int:
         """Bytes of the indexed files (not counting reservations)."""
         return self._used
 
+    @property
+    def reserved(self) -> int:
+        """Bytes reserved for writes in flight."""
+        return self._reserved
+
     def size_of(self, relpath: str) -> int | None:
-        return self._entries.get(relpath)
+        """The indexed size of ``relpath`` (None if unknown)."""
+        cold = self._cold.get(relpath)
+        if cold is not None:
+            return cold[0]
+        return self._hot.get(relpath)
+
+    def lru_order(self) -> list[str]:
+        """Every indexed file, the next victim first (O(n log n): tests and tools only)."""
+        with self._lock:
+            cold = sorted(self._cold, key=lambda r: (self._cold[r][1], r))
+            return cold + list(self._hot)
 
     # -- updates ---------------------------------------------------------------------------------
     def add(self, relpath: str, size: int, *, reserved: int = 0) -> None:
-        """Record a file as most recently used (releasing ``reserved`` bytes taken for it)."""
+        """Record a file this tier just wrote as most recently used (releasing ``reserved`` bytes)."""
         with self._lock:
             self._reserved -= reserved
-            old = self._entries.pop(relpath, None)
-            if old is not None:
-                self._used -= old
-            self._entries[relpath] = size
+            self._drop_locked(relpath)
+            self._hot[relpath] = size
             self._used += size
 
-    def touch(self, relpath: str) -> bool:
+    def add_found(self, relpath: str, size: int) -> bool:
+        """Index a file found on storage (read by a load or probe under a pin taken before the read).
+
+        Returns False, indexing nothing, when the file was evicted or removed since the caller pinned
+        it (or is being evicted now): it is gone or about to be, and indexing it would leave a ghost
+        entry. A file already indexed is touched.
+        """
         with self._lock:
-            if relpath in self._entries:
-                self._entries.move_to_end(relpath)
+            if self._touch_locked(relpath):
                 return True
+            pin = self._pins.get(relpath)
+            if self._doomed.get(relpath) or (pin is not None and pin[1]):
+                return False
+            self._hot[relpath] = size
+            self._used += size
+            return True
+
+    def touch(self, relpath: str) -> bool:
+        """Make ``relpath`` the most recently used; False if it is not indexed."""
+        with self._lock:
+            return self._touch_locked(relpath)
+
+    def _touch_locked(self, relpath: str) -> bool:
+        if relpath in self._hot:
+            self._hot.move_to_end(relpath)
+            return True
+        cold = self._cold.get(relpath)
+        if cold is None:
             return False
+        self._hot[relpath] = cold[0]  # insert before deleting: see __contains__
+        del self._cold[relpath]  # its heap row goes stale and is skipped
+        return True
+
+    def _drop_locked(self, relpath: str) -> int | None:
+        size = self._hot.pop(relpath, None)
+        if size is None:
+            cold = self._cold.pop(relpath, None)
+            size = cold[0] if cold is not None else None
+        if size is not None:
+            self._used -= size
+        return size
+
+    def _mark_gone_locked(self, relpath: str) -> None:
+        pin = self._pins.get(relpath)
+        if pin is not None:
+            pin[1] = 1
+        if self._removed_during_scan is not None:
+            self._removed_during_scan.add(relpath)
 
     def remove(self, relpath: str) -> int | None:
+        """Forget a file that is gone (missing, quarantined, unreadable); returns its indexed size."""
         with self._lock:
-            size = self._entries.pop(relpath, None)
-            if size is not None:
-                self._used -= size
-            if self._removed_during_scan is not None:
-                self._removed_during_scan.add(relpath)
+            size = self._drop_locked(relpath)
+            self._mark_gone_locked(relpath)
             return size
 
     def pin(self, relpath: str) -> None:
+        """Protect ``relpath`` from eviction while a load reads it (pins nest)."""
         with self._lock:
-            self._pins[relpath] += 1
+            pin = self._pins.get(relpath)
+            if pin is None:
+                # Doomed already: a victim chosen before this pin; the read may still find the file,
+                # but add_found must not index it.
+                self._pins[relpath] = [1, 1 if self._doomed.get(relpath) else 0]
+            else:
+                pin[0] += 1
 
     def unpin(self, relpath: str) -> None:
+        """Release one :meth:`pin`."""
         with self._lock:
-            self._pins[relpath] -= 1
-            if self._pins[relpath] <= 0:
+            pin = self._pins.get(relpath)
+            if pin is None:
+                return
+            pin[0] -= 1
+            if pin[0] <= 0:
                 del self._pins[relpath]
 
     def reserve(self, nbytes: int) -> list[tuple[str, int]]:
         """Account ``nbytes`` for a write about to start; returns the files to delete to make room.
 
-        The victims are already out of the index (so no new lookup returns them); the caller
-        deletes them. Pinned files are never chosen; if only pinned files are left the bound is
-        exceeded until those loads finish (the next write evicts them).
+        The victims are already out of the index (so no new lookup returns them) and doomed until the
+        caller deletes them and calls :meth:`forget`. Pinned files are never chosen; if only pinned
+        files are left the bound is exceeded until those loads finish (the next write evicts them).
         """
         with self._lock:
             self._reserved += nbytes
@@ -97,51 +189,105 @@ class LRUIndex:
             self._reserved -= nbytes
 
     def victims(self) -> list[tuple[str, int]]:
-        """Files to delete so that usage fits ``max_bytes`` (removed from the index)."""
+        """Files to delete so that usage fits ``max_bytes`` (removed from the index, doomed)."""
         with self._lock:
             return self._victims_locked()
+
+    def forget(self, relpaths: Iterable[str]) -> None:
+        """The caller deleted (or tried to delete) these victims: they are no longer doomed."""
+        with self._lock:
+            for rel in relpaths:
+                n = self._doomed.get(rel, 0)
+                if n <= 1:
+                    self._doomed.pop(rel, None)
+                else:
+                    self._doomed[rel] = n - 1
+            self._gone.notify_all()
+
+    def wait_gone(self, relpath: str) -> None:
+        """Block until no eviction of ``relpath`` is in progress (a store then writes it afresh)."""
+        with self._lock:
+            while self._doomed.get(relpath):
+                self._gone.wait()
+
+    def doomed(self) -> int:
+        """How many victims were handed out and not yet forgotten (tests)."""
+        with self._lock:
+            return sum(self._doomed.values())
 
     def _victims_locked(self) -> list[tuple[str, int]]:
         if self.max_bytes is None:
             return []
-        out = []
         excess = self._used + self._reserved - self.max_bytes
         if excess <= 0:
-            return out
-        for rel in list(self._entries):
-            if excess <= 0:
-                break
-            if self._pins.get(rel):
+            return []
+        out: list[tuple[str, int]] = []
+        skipped: list[tuple[float, str]] = []
+        while excess > 0 and self._heap:  # cold files first, oldest mtime first
+            mtime, rel = heapq.heappop(self._heap)
+            cold = self._cold.get(rel)
+            if cold is None or cold[1] != mtime:
+                continue  # touched or removed since the scan: a stale row
+            if rel in self._pins:
+                skipped.append((mtime, rel))
                 continue
-            size = self._entries.pop(rel)
-            self._used -= size
-            excess -= size
-            out.append((rel, size))
+            del self._cold[rel]
+            self._used -= cold[0]
+            excess -= cold[0]
+            out.append((rel, cold[0]))
+        for row in skipped:
+            heapq.heappush(self._heap, row)
+        if not self._cold:
+            self._heap.clear()  # only stale rows are left
+        if excess > 0:
+            picked = []
+            for rel, size in self._hot.items():  # iterate, never copy: O(victims + pinned skipped)
+                if excess <= 0:
+                    break
+                if rel in self._pins:
+                    continue
+                picked.append((rel, size))
+                excess -= size
+            for rel, size in picked:
+                del self._hot[rel]
+                self._used -= size
+            out += picked
+        for rel, _ in out:
+            self._doomed[rel] += 1
+            self._mark_gone_locked(rel)
         return out
 
     # -- the start-up scan -------------------------------------------------------------------------
     def begin_scan(self) -> None:
+        """Start remembering removals, so that a scan's stale listing cannot bring files back."""
         with self._lock:
             self._removed_during_scan = set()
 
-    def merge_scan(self, found: Iterable[tuple[str, int, float]]) -> int:
-        """Merge the files found by a scan (relpath, size, mtime) as older than every known entry.
+    def scan_add(self, found: Iterable[tuple[str, int, float]]) -> int:
+        """Index a batch of files found by the scan (relpath, size, mtime) as cold. Returns how many.
 
-        Files removed while the scan ran are not resurrected. Returns how many were added.
+        Skips files already indexed, being evicted, or removed or evicted since :meth:`begin_scan`.
+        The caller evicts (``victims``) after each batch, so the bound holds while the scan runs.
         """
-        ordered = sorted(found, key=lambda e: e[2])
+        added = 0
         with self._lock:
-            gone = self._removed_during_scan or set()
-            self._removed_during_scan = None
-            merged: OrderedDict[str, int] = OrderedDict()
-            used = 0
-            for rel, size, _ in ordered:
-                if rel in gone or rel in self._entries or rel in merged:
+            gone = self._removed_during_scan or ()
+            for rel, size, mtime in found:
+                if rel in gone or rel in self._hot or rel in self._cold or self._doomed.get(rel):
                     continue
-                merged[rel] = size
-                used += size
-            added = len(merged)
-            merged.update(self._entries)
-            self._entries = merged
-            self._used += used
-            return added
+                self._cold[rel] = (size, mtime)
+                heapq.heappush(self._heap, (mtime, rel))
+                self._used += size
+                added += 1
+        return added
+
+    def end_scan(self) -> None:
+        """The scan is over: stop remembering removals."""
+        with self._lock:
+            self._removed_during_scan = None
+
+    def merge_scan(self, found: Iterable[tuple[str, int, float]]) -> int:
+        """:meth:`scan_add` of everything found, then :meth:`end_scan`. Returns how many were added."""
+        added = self.scan_add(found)
+        self.end_scan()
+        return added

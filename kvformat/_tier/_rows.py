@@ -25,14 +25,20 @@ from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaM
 from ..storage import Store
 from ._config import TierConfig
 from ._lru import LRUIndex
+from ._pool import BatchWorker
 
 logger = logging.getLogger("kvformat.vllm")
 
 WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
+CANCELLED = "cancelled"  # a store that never ran: the tier shut down first
 TEMP_MAX_AGE_S = 3600.0  # a temp file this old belongs to a crashed writer, not a slow live one
 # A load refreshes the file's mtime (the LRU order a restart rebuilds) at most this often: a utime per
 # load cost ~10% of a tmpfs load, and a restart's LRU order only needs to be right to within minutes.
 TOUCH_INTERVAL_S = 300.0
+# A store that finds its file being evicted (or replaced) by another thread retries; only a cache churning
+# the same file faster than this gives up (reported FAILED: nothing was stored).
+STORE_ATTEMPTS = 4
+SCAN_BATCH = 1024  # files indexed per batch by the start-up scan (evicting after each batch)
 
 COUNTERS = ("bytes_written", "files_written", "bytes_read", "files_read", "checksum_failures", "corrupt_files",
             "layout_mismatches", "replica_mismatches", "evictions", "evicted_bytes", "dedup_saved_bytes",
@@ -95,9 +101,25 @@ class RowEngine:
         self._arr: np.ndarray | None = np.frombuffer(flat, dtype=np.uint8) if copies > 1 and len(flat) else None
         self._addr = int(self._arr.ctypes.data) if self._arr is not None else 0
         self._mtimes: dict[str, float] = {}  # relpath -> last known file mtime (written, scanned, touched)
+        # File mtime is the LRU clock a restart rebuilds from; loads hand their touches to this thread.
+        self.toucher = BatchWorker(self._touch_batch, name="kvformat_tier_touch")
+
+    def _touch_batch(self, rels: list[str]) -> None:
+        for rel in rels:
+            # Pinned while touched: a remote touch may rewrite the file, and an eviction racing it would
+            # leave a file on storage that the index no longer counts.
+            self.index.pin(rel)
+            try:
+                if rel in self.index:
+                    self.store.touch(rel)
+            except OSError as e:
+                self.warn_once(f"touch:{type(e).__name__}", "kvformat tier: touching %s failed: %s", rel, e)
+            finally:
+                self.index.unpin(rel)
 
     def close(self) -> None:
         """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
+        self.toucher.close(0)
         self._arr = None
         self.flat = memoryview(b"")
 
@@ -116,14 +138,18 @@ class RowEngine:
         if not victims:
             return
         gone = []
-        for rel, size in victims:
-            self._mtimes.pop(rel, None)
-            try:
-                self.store.delete(rel)
-            except OSError as e:  # still counted as evicted: it is out of the index either way
-                self.warn_once("evict_error", "kvformat tier: could not delete %s: %s", rel, e)
-            gone.append(rel)
-            self.counters.add(evictions=1, evicted_bytes=size)
+        try:
+            for rel, size in victims:
+                self._mtimes.pop(rel, None)
+                try:
+                    self.store.delete(rel)
+                except OSError as e:  # still counted as evicted: it is out of the index either way
+                    self.warn_once("evict_error", "kvformat tier: could not delete %s: %s", rel, e)
+                gone.append(rel)
+                self.counters.add(evictions=1, evicted_bytes=size)
+        finally:
+            # Every victim stops being doomed, deleted or not: a store waiting to rewrite it proceeds.
+            self.index.forget(rel for rel, _ in victims)
         self.on_removed(gone)
 
     def quarantine(self, rel: str, err: KVFormatError) -> None:
@@ -165,7 +191,7 @@ class RowEngine:
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
                                     level=self.cfg.compression_level, payload_xxh3=digests[0] if digests else None)
         size = len(hdr) + len(data)
-        for attempt in range(2):
+        for _attempt in range(STORE_ATTEMPTS):
             self.delete_victims(self.index.reserve(size))
             try:
                 wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
@@ -179,11 +205,17 @@ class RowEngine:
                                   dedup_saved_bytes=(self.copies - 1) * self.slot)
                 return WRITTEN, size
             self.index.release(size)
-            existing = self._check_existing(rel, key)  # another writer (instance, TP size) was first
-            if existing is not None:
-                self.index.add(rel, existing)
-                self.counters.add(dedup_saved_bytes=self.copies * self.slot)
-                return EXISTS, 0
+            # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
+            # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
+            self.index.pin(rel)
+            try:
+                existing = self._check_existing(rel, key)
+                if existing is not None and self.index.add_found(rel, existing):
+                    self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+                    return EXISTS, 0
+            finally:
+                self.index.unpin(rel)
+            self.index.wait_gone(rel)  # an eviction of this file is finishing: the next put writes it
         return FAILED, 0
 
     def _buffer(self, i: int) -> memoryview:
@@ -258,16 +290,12 @@ class RowEngine:
                 src = self._addr + base
                 for r in range(1, self.copies):
                     ctypes.memmove(src + r * self.slot, src, self.payload_bytes)
-            if not self.index.touch(rel):
-                self.index.add(rel, hdr.file_bytes)
+            if not self.index.touch(rel) and self.index.add_found(rel, hdr.file_bytes):
                 self.delete_victims(self.index.victims())
             now = time.time()
             if now - self._mtimes.get(rel, 0.0) > TOUCH_INTERVAL_S:
                 self._mtimes[rel] = now
-                try:
-                    self.store.touch(rel)  # file mtime is the LRU clock a restart rebuilds from
-                except OSError:
-                    pass
+                self.toucher.submit(rel)  # off the load's path: a touch is a server-side copy on S3
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
             return hdr.file_bytes
         finally:
@@ -283,35 +311,57 @@ class RowEngine:
         rels = [self.relpath(h) for h in hs]
         todo = [i for i, r in enumerate(rels) if r not in self.index]
         if todo:
-            got = self.store.read_headers_many([rels[i] for i in todo], verify=True)
-            for i, hdr in zip(todo, got):
-                try:
-                    size = self._accept_header(rels[i], BlockKey(hs[i], self.layout.group), hdr)
-                except OSError as e:
-                    self.warn_once(f"probe:{type(e).__name__}", "kvformat tier: lookup failed: %s", e)
-                    size = None
-                if size is not None:
-                    self.index.add(rels[i], size)
+            pinned = [rels[i] for i in todo]
+            for rel in pinned:  # before the reads: an eviction meanwhile makes add_found refuse the file
+                self.index.pin(rel)
+            try:
+                got: list[Any] = self.store.read_headers_many(pinned, verify=True)
+                for i, hdr in zip(todo, got):
+                    try:
+                        size = self._accept_header(rels[i], BlockKey(hs[i], self.layout.group), hdr)
+                    except OSError as e:
+                        self.warn_once(f"probe:{type(e).__name__}", "kvformat tier: lookup failed: %s", e)
+                        size = None
+                    if size is not None:
+                        self.index.add_found(rels[i], size)
+            finally:
+                for rel in pinned:
+                    self.index.unpin(rel)
             self.delete_victims(self.index.victims())
         return [r in self.index for r in rels]
 
     # -- start-up ----------------------------------------------------------------------------------
     def scan(self, stop: threading.Event) -> None:
-        """Rebuild usage and LRU order from the files under the root (runs in a background thread)."""
+        """Rebuild usage and LRU order from the files under the root (runs in a background thread).
+
+        Files are indexed in batches of SCAN_BATCH and evicted after each batch, so ``max_bytes`` holds
+        over what is known while the scan runs (not only once it ends).
+        """
         self.index.begin_scan()
-        found: list[tuple[str, int, float]] = []
+        added = 0
+        batch: list[tuple[str, int, float]] = []
+
+        def flush() -> int:
+            n = self.index.scan_add(batch)
+            batch.clear()
+            if not stop.is_set():  # after shutdown nothing is deleted any more
+                self.delete_victims(self.index.victims())
+            return n
+
         try:
             self.store.ensure_namespace(self.layout)
             self.store.cleanup_temp(older_than_s=TEMP_MAX_AGE_S, dead_writers=True)
             for e in self.store.list():
                 if stop.is_set():
                     break
-                found.append((e.relpath, e.size, e.mtime))
+                batch.append((e.relpath, e.size, e.mtime))
                 self._mtimes.setdefault(e.relpath, e.mtime)
+                if len(batch) >= SCAN_BATCH:
+                    added += flush()
         except OSError as e:
             logger.warning("kvformat tier: scanning %s failed: %s; capacity counts only what was found",
                            self.store.root, e)
         finally:
-            added = self.index.merge_scan(found)
+            added += flush()
+            self.index.end_scan()
         logger.info("kvformat tier: found %d files (%d bytes) under %s", added, self.index.used, self.store.root)
-        self.delete_victims(self.index.victims())

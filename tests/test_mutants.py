@@ -1,0 +1,149 @@
+"""Tests that kill the mutants tools/mutate.py found surviving (each named after the check it pins).
+
+Files are forged with tools/fuzz.py's helpers (header checksum recomputed, so the check under test is
+the one that fires); the file-path races use a real file truncated between the header and the payload
+read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import random
+import sys
+
+import pytest
+
+import kvformat as K
+from kvformat import _io
+from kvformat.errors import SchemaError, TruncatedError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import fuzz  # noqa: E402
+
+SEEDS = {s.name: s for s in fuzz.make_seeds(0)}
+PLAIN = SEEDS["mla3.none"]
+
+
+def forged(seed: fuzz.Seed, edit) -> bytes:
+    doc, data = fuzz.parse(seed)
+    edit(doc)
+    return fuzz.assemble(doc, data)
+
+
+# -- F-4.7: a tensor entry holds exactly dtype, shape, data_offsets --------------------------------------
+def test_f47_tensor_entry_with_an_extra_key_is_refused():
+    name = PLAIN.layout.layers[0].name
+    raw = forged(PLAIN, lambda d: d[name].update(extra=1))
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert ei.value.field == f"tensor {name}" and "exactly dtype, shape and data_offsets" in ei.value.message
+
+
+# -- F-4.4: every required key, not only the layout's ------------------------------------------------
+@pytest.mark.parametrize("key", ["kvf.key", "kvf.dxxh3", "kvf.created"])
+def test_f44_missing_required_key_names_that_key(key):
+    raw = forged(PLAIN, lambda d: d["__metadata__"].pop(key))
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert ei.value.field == key and ei.value.message.endswith("missing from __metadata__")
+
+
+# -- F-4.12: names without control characters, key hashes of 2..128 hex digits ---------------------------
+def test_f412_control_characters_in_a_name_are_refused():
+    with pytest.raises(SchemaError, match="control characters"):
+        K.CanonicalLayout.uniform("org/m\x01", "bfloat16", ["l0"], 4, 8)
+    raw = forged(PLAIN, lambda d: d["__metadata__"].update({"kvf.model": "org/m\x07"}))
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert "control characters" in ei.value.message
+
+
+@pytest.mark.parametrize("h", ["a", "ab" * 64 + "a", "ab" * 65])
+def test_f412_key_hash_length_is_bounded(h):
+    with pytest.raises(SchemaError) as ei:
+        K.BlockKey(h)
+    assert ei.value.field == "key.hash" and "2..128 hex digits" in ei.value.message
+
+
+# -- F-3.4/F-5.2/F-5.5 on the file path: a file that shrinks between the header and the payload read ------
+@pytest.fixture
+def shrinking(monkeypatch):
+    """Truncate the file right after read_into validated its header (another process rewriting it)."""
+    real = _io.read_header_from
+    cut: dict[str, int] = {}
+
+    def read_header_then_truncate(src, verify=True):
+        hdr = real(src, verify)
+        os.truncate(f"/proc/self/fd/{src.fd}", hdr.data_offset + cut["keep"])  # the fd is read-only
+        return hdr
+
+    monkeypatch.setattr(_io, "read_header_from", read_header_then_truncate)
+    return cut
+
+
+def test_f55_short_payload_read_zeroes_the_destination(tmp_path, shrinking):
+    p = tmp_path / "b.kvf"
+    p.write_bytes(PLAIN.file)
+    shrinking["keep"] = len(PLAIN.payload) // 2
+    out = bytearray(b"\xaa" * len(PLAIN.payload))
+    with pytest.raises(TruncatedError) as ei:
+        K.read_into(p, out, expect=PLAIN.layout, key=PLAIN.key)
+    assert ei.value.region == "data"
+    assert bytes(out) == bytes(len(out)), "the half that was read stayed in the destination"
+
+
+def test_f52_short_compressed_read_is_truncated_not_a_checksum_error(tmp_path, shrinking):
+    z = SEEDS["mla3.zstd"]
+    p = tmp_path / "z.kvf"
+    p.write_bytes(z.file)
+    shrinking["keep"] = (len(z.file) - z.hdr_end) // 2
+    out = bytearray(b"\xaa" * len(z.payload))
+    with pytest.raises(TruncatedError) as ei:
+        K.read_into(p, out, expect=z.layout, key=z.key)
+    assert ei.value.region == "data" and bytes(out) == bytes(len(out))
+
+
+# -- the O_DIRECT branch runs when asked for on a filesystem that allows it ------------------------------
+def _o_direct_supported(d: str) -> bool:
+    probe = os.path.join(d, ".odirect-probe")
+    with open(probe, "wb") as f:
+        f.write(bytes(8192))
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.unlink(probe)
+
+
+@pytest.mark.parametrize("o_direct", [True, False])
+def test_o_direct_read_takes_the_o_direct_branch(tmp_path, monkeypatch, o_direct):
+    if not _o_direct_supported(str(tmp_path)):
+        pytest.skip(f"{tmp_path} does not allow O_DIRECT (tmpfs?): run on a disk filesystem")
+    layout = K.CanonicalLayout.uniform("org/od", "bfloat16", ["l0", "l1"], 16, 128)  # 2 x 4,096 bytes
+    key = K.BlockKey("cd" * 32)
+    payload = random.Random(3).randbytes(layout.payload_bytes)
+    p = tmp_path / "od.kvf"
+    K.save_file(payload, p, layout, key)
+    flags: list[int] = []
+    real_open, real_fcntl = os.open, fcntl.fcntl
+
+    def spy_open(path, fl, *a, **kw):
+        flags.append(fl)
+        return real_open(path, fl, *a, **kw)
+
+    def spy_fcntl(fd, cmd, arg=0, *rest):
+        if cmd == fcntl.F_SETFL:
+            flags.append(int(arg))
+        return real_fcntl(fd, cmd, arg, *rest)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(fcntl, "fcntl", spy_fcntl)
+    buf = mmap.mmap(-1, layout.payload_bytes)  # page-aligned: O_DIRECT's requirement
+    K.read_into(p, memoryview(buf), expect=layout, key=key, o_direct=o_direct)
+    assert bytes(buf) == payload
+    assert any(f & os.O_DIRECT for f in flags) == o_direct

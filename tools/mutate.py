@@ -1,0 +1,257 @@
+"""Mutation run over the MUST checks of spec/FORMAT.md: remove one check at a time, run the tests, record.
+
+Mutants (each applied alone, in a temporary copy of the tree, never in the working tree):
+
+* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/_header.py, _format.py,
+  _spec.py, _io.py, _codec.py becomes ``pass`` (the check is gone, the code goes on);
+* every ``if`` whose condition line carries an ``F-x.y`` comment gets the condition ``False``;
+* hand-written mutants for checks that are not a single raise: the version regex (F-4.2), the stored
+  data checksum (F-5.2), the zero-on-failure code (F-5.5, both call sites and ``invalidate``) and the
+  O_DIRECT branch of ``FileSource.readinto``.
+
+A mutant is *killed* when at least one selected test fails (pytest ``-x``: it stops at the first
+failure, so killed mutants are quick); it *survives* when every test passes
+(``EQUIVALENT`` lists the survivors shown equivalent, with why). Tests per mutant:
+``--tests`` (default: the format tests, which cover every F-check in a few seconds) plus, for
+_io.py mutants, the file-path tests. Prints a markdown table; ``--out`` also writes it to a file.
+
+    python tools/mutate.py                    # all mutants (~3 s to ~20 s each)
+    python tools/mutate.py --only F-5.5 odirect --out /tmp/mutants.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ["kvformat/_header.py", "kvformat/_format.py", "kvformat/_spec.py", "kvformat/_io.py", "kvformat/_codec.py"]
+FID = re.compile(r"#.*?\b(F-\d+\.\d+)")
+DEFAULT_TESTS = ["tests/test_vectors.py", "tests/test_format.py", "tests/test_mutants.py"]
+IO_TESTS = ["tests/test_untrusted.py"]
+
+
+@dataclass
+class Mutant:
+    """One edit of one file: ``old`` (exact text, unique in the file) becomes ``new``."""
+
+    mid: str
+    must: str
+    path: str
+    line: int
+    old: str
+    new: str
+    what: str
+
+
+def _fid_lines(src: str) -> dict[int, str]:
+    out = {}
+    for i, text in enumerate(src.splitlines(), 1):
+        m = FID.search(text)
+        if m:
+            out[i] = m.group(1)
+    return out
+
+
+def auto_mutants(path: str) -> list[Mutant]:
+    """``raise`` -> ``pass`` and ``if cond:`` -> ``if False:`` for statements carrying an F-id comment."""
+    src = open(os.path.join(ROOT, path)).read()
+    lines = src.splitlines(keepends=True)
+    fids = _fid_lines(src)
+    offsets = [0]
+    for ln in lines:
+        offsets.append(offsets[-1] + len(ln))
+    out: list[Mutant] = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Raise):
+            span = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            must = next((fids[i] for i in span if i in fids), None)
+            if must is None:
+                continue
+            a = offsets[node.lineno - 1] + node.col_offset
+            b = offsets[(node.end_lineno or node.lineno) - 1] + (node.end_col_offset or 0)
+            out.append(Mutant("", must, path, node.lineno, src[a:b], "pass", "raise -> pass"))
+        elif isinstance(node, ast.If) and node.test.lineno in fids:
+            a = offsets[node.test.lineno - 1] + node.test.col_offset
+            b = offsets[(node.test.end_lineno or node.test.lineno) - 1] + (node.test.end_col_offset or 0)
+            out.append(Mutant("", fids[node.test.lineno], path, node.lineno, src[a:b], "False", "if cond -> if False"))
+    return out
+
+
+HAND = [
+    # (must, path, old, new, what)
+    ("F-4.2", "kvformat/_header.py", r'rb"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})"',
+     r'rb"([0-9]{1,4})\.([0-9]{1,4})"', "version regex accepts leading zeros"),
+    ("F-5.2", "kvformat/_format.py", "    if actual != hdr.data_xxh3:\n        raise ChecksumError(\"data\"",
+     "    if False:\n        raise ChecksumError(\"data\"", "stored-data checksum not compared"),
+    ("F-5.2", "kvformat/_format.py", "    if len(data) != hdr.data_bytes:\n        raise TruncatedError(\"data\"",
+     "    if False:\n        raise TruncatedError(\"data\"", "stored-data length not compared"),
+    ("F-5.5", "kvformat/_format.py", "        if out is not None:\n            invalidate(out)\n",
+     "        pass\n", "verify_data does not zero the destination"),
+    ("F-5.5", "kvformat/_format.py",
+     "    out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))",
+     "    pass", "invalidate() is a no-op"),
+    ("F-5.5", "kvformat/_io.py", "        invalidate(dst)  # F-5.5: never leave partly read",
+     "        pass  # F-5.5: never leave partly read", "the read pipeline does not zero on failure"),
+    ("odirect", "kvformat/_io.py", "        if not self.o_direct:\n            return _read_exact(self.fd, dst, offset)",
+     "        if True:\n            return _read_exact(self.fd, dst, offset)", "the O_DIRECT branch never runs"),
+]
+
+
+# Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
+# mutated statement's first line. Reported as "equivalent", not as survivors.
+EQUIVALENT = {
+    ("kvformat/_header.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
+                            '{layout.payload_bytes}")'):
+        "the layout is built from the same tensor table: F-4.7 ties each tensor's bytes to its shape, F-4.8 "
+        "tiles them from 0, F-4.9 fixes the first dimension, so the totals cannot differ",
+    ("kvformat/_io.py", 'raise TruncatedError("header", end, size)'):
+        "decode_header raises the same TruncatedError('header', end, size) on the short buffer; the only "
+        "difference is one read of at most MAX_HEADER_BYTES (F-8.1 is checked first)",
+}
+
+
+def all_mutants() -> list[Mutant]:
+    muts: list[Mutant] = []
+    for p in FILES:
+        muts += auto_mutants(p)
+    for must, path, old, new, what in HAND:
+        src = open(os.path.join(ROOT, path)).read()
+        if src.count(old) != 1:
+            print(f"warning: hand mutant {must} ({what}) does not apply to {path}: the code moved", file=sys.stderr)
+            continue
+        muts.append(Mutant("", must, path, src[:src.index(old)].count("\n") + 1, old, new, what))
+    for i, m in enumerate(muts, 1):
+        m.mid = f"M{i:02d}"
+    return muts
+
+
+def apply(tree: str, m: Mutant) -> str:
+    p = os.path.join(tree, m.path)
+    src = open(p).read()
+    lines = src.splitlines(keepends=True)
+    a = sum(len(x) for x in lines[:m.line - 1])  # edit at the recorded line: the old text may repeat
+    i = src.index(m.old, a)
+    mutated = src[:i] + m.new + src[i + len(m.old):]
+    ast.parse(mutated)  # a mutant must still compile, or the run would count a syntax error as a kill
+    with open(p, "w") as f:
+        f.write(mutated)
+    return src
+
+
+def preload() -> None:
+    """Import the heavy dependencies once; each mutant's test run is a fork that inherits them.
+
+    kvformat itself is never imported here, so every child imports the mutated copy fresh.
+    """
+    import hypothesis  # noqa: F401
+    import numpy  # noqa: F401
+    import pytest  # noqa: F401
+    import safetensors  # noqa: F401
+    import torch  # noqa: F401
+    import xxhash  # noqa: F401
+    import zstandard  # noqa: F401
+
+
+def run_tests(tree: str, tests: list[str], timeout: float) -> tuple[bool, str, float]:
+    """Run ``tests`` against ``tree`` in a forked child (pytest -x). Returns (killed, first failure, seconds)."""
+    t0 = time.monotonic()
+    log = os.path.join(tree, ".mutate.log")
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.chdir(tree)
+            sys.path.insert(0, tree)
+            os.environ.update(KVFORMAT_ALLOW_SKIPS="1", PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=tree)
+            signal.alarm(int(timeout))  # a mutant that hangs a test dies here (default SIGALRM action)
+            import pytest
+
+            rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests])
+        except BaseException:  # noqa: BLE001 - any crash of the run counts as a failing test
+            rc = 99
+        os._exit(int(rc))
+    _, status = os.waitpid(pid, 0)
+    out = open(log).read()
+    failed = re.findall(r"^FAILED (\S+)", out, re.M)
+    if os.WIFSIGNALED(status):
+        return True, f"signal {os.WTERMSIG(status)} (timeout or crash)", time.monotonic() - t0
+    rc = os.WEXITSTATUS(status)
+    last = out.strip().splitlines()[-1][:80] if out.strip() else ""
+    return rc != 0, (failed[0] if failed else last), time.monotonic() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tests", nargs="+", default=DEFAULT_TESTS)
+    ap.add_argument("--only", nargs="+", help="run the mutants whose MUST id or id is listed")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--out", help="also write the markdown table here")
+    a = ap.parse_args(argv)
+    muts = all_mutants()
+    if a.only:
+        muts = [m for m in muts if m.must in a.only or m.mid in a.only]
+    if a.list:
+        for m in muts:
+            print(f"{m.mid} {m.must:7} {m.path}:{m.line} {m.what}: {m.old.splitlines()[0].strip()[:70]}")
+        return 0
+    preload()
+    tree = tempfile.mkdtemp(prefix="kvformat_mutate_")
+    try:
+        for d in ("kvformat", "tests", "spec", "tools"):
+            shutil.copytree(os.path.join(ROOT, d), os.path.join(tree, d),
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        base_ok, why, _ = run_tests(tree, a.tests, a.timeout)
+        if base_ok:
+            print(f"the unmutated tree fails its tests ({why}): fix that first", file=sys.stderr)
+            return 2
+        rows: list[tuple[Mutant, bool | None, str, float]] = []
+        t_all = time.monotonic()
+        for m in muts:
+            original = apply(tree, m)
+            try:
+                tests = a.tests + (IO_TESTS if m.path.endswith("_io.py") else [])
+                tests = [t for t in tests if os.path.exists(os.path.join(tree, t))]
+                killed, by, dt = run_tests(tree, tests, a.timeout)
+            finally:
+                with open(os.path.join(tree, m.path), "w") as f:
+                    f.write(original)
+            eq = EQUIVALENT.get((m.path, m.old.splitlines()[0].strip()))
+            if not killed and eq:
+                killed, by = None, f"equivalent: {eq}"
+            rows.append((m, killed, by, dt))
+            state = "killed  " if killed else ("equiv.  " if killed is None else "SURVIVED")
+            print(f"{m.mid} {m.must:7} {state} {dt:5.1f}s {m.path}:{m.line} {by}", file=sys.stderr, flush=True)
+        total = time.monotonic() - t_all
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    survived = [r for r in rows if r[1] is False]
+    equivalent = [r for r in rows if r[1] is None]
+    lines = [f"Mutation run: {len(rows)} mutants, {len(rows) - len(survived) - len(equivalent)} killed, "
+             f"{len(equivalent)} equivalent, {len(survived)} survived ({total:.0f} s)", "",
+             "| id | MUST | where | mutation | result | first failing test |", "|---|---|---|---|---|---|"]
+    for m, killed, by, _ in rows:
+        result = "killed" if killed else ("equivalent" if killed is None else "**survived**")
+        note = by if killed is not False else ""
+        lines.append(f"| {m.mid} | {m.must} | `{m.path}:{m.line}` | {m.what} | {result} | {note} |")
+    table = "\n".join(lines)
+    print(table)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(table + "\n")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
