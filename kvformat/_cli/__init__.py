@@ -20,6 +20,9 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvformat", description="Inspect, verify, compact and bound kvformat KV caches.")
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     s = sub.add_parser("inspect", help="show a file, a kvformat root or a legacy vLLM fs-tier root")
