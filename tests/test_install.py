@@ -73,6 +73,7 @@ def _readme_deps_line() -> str:
 
 
 def _build(out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], cwd=out)
     (whl,) = out.glob("kvformat-*.whl")
     (sdist,) = out.glob("kvformat-*.tar.gz")
