@@ -153,3 +153,11 @@ def test_import_error_names_the_extra(block):
     r = _run([sys.executable, "-c", code], cwd=REPO)
     assert r.stdout.startswith("ImportError: kvformat.vllm needs vLLM 0.33 or 0.34"), r.stdout
     assert 'pip install "kvformat[vllm]"' in r.stdout
+
+
+def test_cli_version_flag(capsys):
+    from kvformat._cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kvformat {kvformat.__version__}"
+    assert kvformat.__version__ == md.version("kvformat")  # the wheel's version is read from kvformat.__version__
