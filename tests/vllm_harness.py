@@ -28,6 +28,8 @@ enable_kv_events=False, engine_id=None)``
 ``dep.store({key: payload}) -> list[key]``
     GPU->primary store of every key (batched to the primary's capacity), cascade to the secondary
     tiers, and ``flush()`` after each batch. Returns the keys the primary accepted for storing.
+    ``req_context=ctx`` stores them all in that one request (e.g. carrying offload-key positions and
+    KV-event state as the scheduler sets them).
 ``dep.flush(timeout=60)``: step the engine until no tier has pending work.
 ``dep.evict_primary()``: ``reset_cache()`` + ``on_reset_flushed()`` and zero the primary region, so
     the next ``load`` must come from a secondary tier.
