@@ -30,6 +30,14 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+# Probe first, so a missing vLLM (or one missing an import-time dependency of its own) says how to fix it.
+try:
+    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics  # noqa: F401
+    import vllm.v1.kv_offload.tiering.async_lookup  # noqa: F401
+except ImportError as _e:
+    raise ImportError(f'kvformat.vllm needs vLLM 0.33 or 0.34 with tiered KV offloading: pip install "kvformat[vllm]" '
+                      f'(import failed: {_e})', name=_e.name) from _e
+
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     Locality, LookupResult, Medium, OffloadingCounterMetadata, OffloadingEvent, OffloadingGaugeMetadata,
@@ -289,11 +297,18 @@ def derive_layout(spec: "OffloadingSpec", revision: str | None = None) -> tuple[
     return plans[spec.config.groups[0].group_id].layout, facts.copies, facts.row
 
 
-class _Job:
-    __slots__ = ("job_id", "keys", "is_load", "remaining", "results", "nbytes", "t0", "lock")
+# vLLM 0.34 added ``req_context`` to OffloadingEvent (0.33's tracker takes request data from the scheduler
+# instead); fields are probed, not versions compared.
+_EVENT_TAKES_REQ_CONTEXT = "req_context" in getattr(OffloadingEvent, "__dataclass_fields__", {})
 
-    def __init__(self, job_id: JobId, keys: list[OffloadKey], is_load: bool) -> None:
+
+class _Job:
+    __slots__ = ("job_id", "keys", "is_load", "remaining", "results", "nbytes", "t0", "lock", "req_context")
+
+    def __init__(self, job_id: JobId, keys: list[OffloadKey], is_load: bool,
+                 req_context: ReqContext | None = None) -> None:
         self.job_id = job_id
+        self.req_context = req_context
         self.keys = keys
         self.is_load = is_load
         self.remaining = len(keys)
@@ -387,6 +402,10 @@ class KVFormatTier(SecondaryTierManager):
                 logger.warning("enable_kv_events is set on tier '%s' but KV cache events are disabled globally; "
                                "the tier will not emit events.", tier_type)
         self._events_lock = threading.Lock()
+        # This tier evicts and announces it, so vLLM's event tracker must count it as a holder of each
+        # chunk it stored (a residency of its own, keyed by medium + ownership): the tracker then keeps the
+        # chunk's block hashes after the CPU tier drops it and expands this tier's removals to them.
+        self._event_owner: dict[str, Any] = {"ownership": tier_type, "removal_expected": True}
         par = offloading_spec.config.parallel
         prov = Provenance(tp=max(1, par.tp_size), pp=1, dcp=1, pcp=1, row=self.row_kind,
                           writer=f"kvformat {__version__} (vllm tier)")
@@ -454,7 +473,7 @@ class KVFormatTier(SecondaryTierManager):
         if keys:
             with self._events_lock:
                 self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=True,
-                                                   locality=self.locality))
+                                                   locality=self.locality, **self._event_owner))
 
     def _finish(self, job: _Job, i: int, result: Any, nbytes: int) -> None:
         with job.lock:
@@ -479,9 +498,12 @@ class KVFormatTier(SecondaryTierManager):
             if self.events is not None:
                 stored = [k for k, r in zip(job.keys, job.results) if r in (WRITTEN, EXISTS)]
                 if stored:
+                    extra = dict(self._event_owner)
+                    if _EVENT_TAKES_REQ_CONTEXT:
+                        extra["req_context"] = job.req_context  # lets vLLM's tracker describe the chunk
                     with self._events_lock:
                         self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
-                                                           locality=self.locality))
+                                                           locality=self.locality, **extra))
         with self._finished_lock:
             self._jobs_finished.append(res)
             if not job.is_load:
@@ -536,12 +558,6 @@ class KVFormatTier(SecondaryTierManager):
             return LookupResult.RETRY
         return LookupResult.HIT if found and rel in self.index else LookupResult.MISS
 
-    def touch(self, keys: Any, req_context: ReqContext) -> None:
-        for key in keys:
-            eng, h = self._target(key)
-            if eng is not None and h is not None:
-                self.index.touch(eng.relpath(h))
-
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._submit(job_metadata, load=False)
 
@@ -550,7 +566,7 @@ class KVFormatTier(SecondaryTierManager):
 
     def _submit(self, job_metadata: TransferJob, *, load: bool) -> None:
         keys = list(job_metadata.keys)
-        job = _Job(job_metadata.job_id, keys, is_load=load)
+        job = _Job(job_metadata.job_id, keys, is_load=load, req_context=getattr(job_metadata, "req_context", None))
         if load:
             self._load_keys[job.job_id] = keys
         if not keys:
@@ -596,7 +612,34 @@ class KVFormatTier(SecondaryTierManager):
         self._pool.wait_idle()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        self._refresh_recency(req_context)
         self._lookups.cleanup(req_context.req_id)
+
+    def _refresh_recency(self, req_context: ReqContext) -> None:
+        """Count the chunks a finished request used as recently used, CPU-tier hits included.
+
+        vLLM never asks a secondary tier about a CPU-tier hit (and ``touch`` was never called, then
+        removed in 0.34), so the request's end is the one hook that sees every chunk it used: the scheduler
+        records each offload key's end-token position in the request context (0.33 and 0.34). Keys past
+        the tokens actually processed are skipped, as vLLM's kvcr tier does.
+        """
+        positions = getattr(req_context, "_offload_key_positions", None)
+        if not positions:
+            return
+        done = None
+        counts = [getattr(req_context, a, None) for a in
+                  ("num_computed_tokens", "num_in_flight_tokens", "num_prompt_tokens", "num_tokens")]
+        if None not in counts:
+            computed, in_flight, prompt, total = counts
+            done = min(max(0, computed - in_flight), max(prompt, total - 1))
+        # Deepest chunk first, so a request's shortest prefix ends up most recent: a longer prefix is
+        # useless without the chunks before it, so those are the last to go.
+        for key, pos in sorted(positions.items(), key=lambda kv: -kv[1]):
+            if done is not None and pos > done:
+                continue
+            eng, h = self._target(key)
+            if eng is not None and h is not None:
+                self.index.touch(eng.relpath(h))
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()

@@ -1,4 +1,4 @@
-"""Drive vLLM 0.33's REAL ``TieringOffloadingManager`` on a CPU-only machine (test helper).
+"""Drive vLLM's (0.33 or 0.34) REAL ``TieringOffloadingManager`` on a CPU-only machine (test helper).
 
 A :class:`Deployment` is one scheduler-side vLLM offloading stack: a real ``OffloadingConfig``,
 ``TieringOffloadingSpec(cfg).get_manager()`` (which creates the real ``/dev/shm`` primary region and
@@ -28,6 +28,8 @@ enable_kv_events=False, engine_id=None)``
 ``dep.store({key: payload}) -> list[key]``
     GPU->primary store of every key (batched to the primary's capacity), cascade to the secondary
     tiers, and ``flush()`` after each batch. Returns the keys the primary accepted for storing.
+    ``req_context=ctx`` stores them all in that one request (e.g. carrying offload-key positions and
+    KV-event state as the scheduler sets them).
 ``dep.flush(timeout=60)``: step the engine until no tier has pending work.
 ``dep.evict_primary()``: ``reset_cache()`` + ``on_reset_flushed()`` and zero the primary region, so
     the next ``load`` must come from a secondary tier.
@@ -196,14 +198,21 @@ class Deployment:
         row[self.copies * self.slot_bytes:] = PAD_BYTE
 
     # -- the cycle -----------------------------------------------------------------------------
-    def store(self, items: Mapping[OffloadKey, bytes | Sequence[bytes]], *, timeout: float = 60.0) -> list[OffloadKey]:
-        """Store each payload GPU->primary, cascade to every secondary tier, wait for the tiers."""
+    def store(self, items: Mapping[OffloadKey, bytes | Sequence[bytes]], *, timeout: float = 60.0,
+              req_context: ReqContext | None = None) -> list[OffloadKey]:
+        """Store each payload GPU->primary, cascade to every secondary tier, wait for the tiers.
+
+        ``req_context``: store everything in this one request (as the scheduler would, e.g. with the
+        offload-key positions and event state it records); at most half the primary's chunks.
+        """
         keys = list(items)
         stored: list[OffloadKey] = []
         batch = max(1, self.num_chunks // 2)
+        if req_context is not None and len(keys) > batch:
+            raise ValueError(f"one request stores at most {batch} chunks here, got {len(keys)}")
         for i in range(0, len(keys), batch):
             part = keys[i:i + batch]
-            ctx = self._ctx()
+            ctx = req_context or self._ctx()
             with self.mgr.lock:
                 self.mgr.on_new_request(ctx)
                 out = self.mgr.prepare_store(part, ctx)

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
-# Set up .venv from scratch: CPU torch first (a bare `torch` would pull a multi-GB CUDA build),
-# then kvformat with its extras, then vLLM 0.33 without its CUDA dependency pins.
+# Set up a venv from scratch (idempotent: rerun it at will, or with another VLLM_VERSION to switch):
+#   CPU torch first (a bare `torch` would pull a multi-GB CUDA build), then kvformat with its extras,
+#   then vLLM without its CUDA dependency pins (--no-deps) plus its import-time deps.
+# Environment:
+#   VLLM_VERSION   vLLM release to install: 0.34.0 (default, the current release) or 0.33.0
+#   KVFORMAT_VENV  venv directory (default .venv; .ci/run builds .venv-vllm033 for the 0.33 run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-. .venv/bin/activate
+VLLM_VERSION=${VLLM_VERSION:-0.34.0}
+VENV=${KVFORMAT_VENV:-.venv}
+case "$VLLM_VERSION" in
+  0.33.*|0.34.*) ;;
+  *) echo "setup.sh: VLLM_VERSION=$VLLM_VERSION is not one kvformat supports (0.33.x, 0.34.x)" >&2; exit 2 ;;
+esac
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+. "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0 numpy
-pip install -q -e '.[test,s3]'
-pip install -q --no-deps vllm==0.33.0 xgrammar==0.2.8
+pip install -q -e '.[test,s3]' build
+pip install -q --no-deps "vllm==$VLLM_VERSION" xgrammar==0.2.8
 pip install -q -r requirements/vllm-cpu.txt
 # The integration tests import these; fail the setup here rather than let them skip.
-python -c "import kvformat, torch, vllm.v1.kv_offload.tiering.spec, s3fs, moto; print('kvformat', kvformat.__version__, 'torch', torch.__version__)"
+python - "$VLLM_VERSION" <<'PY'
+import sys
+
+import kvformat, moto, s3fs, torch, vllm
+import vllm.distributed.kv_transfer.kv_connector.v1.offloading.events  # the KV event tracker (0.34 contract tests)
+import vllm.v1.kv_offload.tiering.spec
+import kvformat.vllm
+
+assert vllm.__version__ == sys.argv[1], (vllm.__version__, sys.argv[1])
+print("kvformat", kvformat.__version__, "torch", torch.__version__, "vllm", vllm.__version__)
+PY

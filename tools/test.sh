@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite (the README's test command).
+# The whole test suite (the README's test command). Extra arguments go to pytest, e.g. `-m vllm` for
+# the vLLM-dependent tests only (tests/conftest.py marks them from their imports).
+# KVFORMAT_VENV picks the venv (default .venv); vLLM must import there, else the run fails (no skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. .venv/bin/activate
+. "${KVFORMAT_VENV:-.venv}/bin/activate"
+export KVFORMAT_REQUIRE_VLLM=1
 exec python -m pytest -q -p no:cacheprovider tests "$@"

@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                        "  kvformat compact /vllm-fs-cache /cache -j 2  # vLLM fs-tier rows -> kvformat files\n"
                        "  kvformat gc /cache --max-bytes 500GiB        # evict least recently used files\n\n"
                        + _SIZES))
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     s = _sub(sub, "inspect", "show a file, a kvformat root or a legacy vLLM fs-tier root",
