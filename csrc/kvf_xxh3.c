@@ -26,7 +26,7 @@
 #define STRIPES_PER_BLOCK ((SECRET_SIZE - STRIPE) / 8) /* 16 */
 
 /* The default secret, as published with the algorithm. */
-static const uint8_t kSecret[SECRET_SIZE] = {
+static const uint8_t kSecret[SECRET_SIZE] __attribute__((aligned(64))) = {
     0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
     0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
     0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
@@ -131,7 +131,10 @@ static uint64_t hash_129to240(const uint8_t *in, size_t len) {
 
 /* ---- long inputs: accumulate 64-byte stripes, scramble after each 16-stripe block ---- */
 
-static void accumulate_scalar(uint64_t *acc, const uint8_t *in, const uint8_t *sec, size_t n) {
+static void accumulate_scalar(uint64_t *acc_out, const uint8_t *in, const uint8_t *sec, size_t n) {
+    /* a local copy: stores through acc_out could alias the byte-typed input, which would force reloads */
+    uint64_t acc[8];
+    memcpy(acc, acc_out, sizeof acc);
     for (size_t k = 0; k < n; k++, in += STRIPE, sec += 8) {
         for (int i = 0; i < 8; i++) {
             uint64_t v = rd64(in + 8 * i);
@@ -140,6 +143,7 @@ static void accumulate_scalar(uint64_t *acc, const uint8_t *in, const uint8_t *s
             acc[i] += (uint64_t)(uint32_t)key * (key >> 32);
         }
     }
+    memcpy(acc_out, acc, sizeof acc);
 }
 
 static void scramble_scalar(uint64_t *acc, const uint8_t *sec) {
@@ -156,6 +160,7 @@ __attribute__((target("avx2")))
 static void accumulate_avx2(uint64_t *acc, const uint8_t *in, const uint8_t *sec, size_t n) {
     __m256i a0 = _mm256_loadu_si256((const __m256i *)acc), a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
     for (size_t k = 0; k < n; k++, in += STRIPE, sec += 8) {
+        __builtin_prefetch(in + 384);  /* a few stripes ahead: hides L3/DRAM latency on inputs past L2 */
         __m256i d0 = _mm256_loadu_si256((const __m256i *)in), d1 = _mm256_loadu_si256((const __m256i *)(in + 32));
         __m256i k0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)sec));
         __m256i k1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(sec + 32)));

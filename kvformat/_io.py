@@ -425,3 +425,123 @@ def iter_files(root: str, suffix: str = ".kvf", *, skip_top: tuple[str, ...] = (
 
 
 _ = decode  # decode(bytes) is the in-memory twin of read_into
+
+
+# -- fused paths (kvformat._native): one read / one write per file, the payload hashed in the same pass ------
+# Kept apart from read_into/write_atomic so they stay small and merge cleanly; the tier calls these two.
+# With the C extension each payload piece is hashed while it is still in cache (no second trip through
+# DRAM) and the GIL is released for the whole read or write; without it the same syscalls run from
+# Python (one preadv / one pwritev) and python-xxhash hashes the payload.
+
+_DXXH3_FIELD = b'"kvf.dxxh3":"'
+
+
+def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
+                    key: BlockKey | None = None, verify: bool = True) -> BlockHeader:
+    """:func:`read_into` with header and payload in ONE read and the payload hashed as it lands.
+
+    The header region's size is guessed as (file size - payload size), exact for every uncompressed
+    file of ``expect``'s layout. Unlike :func:`read_into`, ``out`` is written before the header is
+    checked: on any kvformat error it is zero-filled (never left holding the file's bytes), so it suits
+    a caller for which any failure is a miss (the tier), not one that needs ``out`` untouched on a
+    layout mismatch. Anything the guess does not fit (compressed files, other layouts) takes
+    :func:`read_into`. Raises what :func:`read_into` raises.
+    """
+    from . import _native
+    from ._spec import MAX_HEADER_BYTES
+    from .errors import ChecksumError
+
+    p = os.fspath(path)
+    dst = as_bytes_view(out, writable=True)
+    raw = expect.payload_bytes if expect is not None else len(dst)
+    fd = _open_regular(p)
+    touched = False
+    try:
+        size = os.fstat(fd).st_size
+        guess = size - raw
+        if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
+            return read_into(p, out, expect=expect, key=key, verify=verify)
+        head = bytearray(guess)
+        body = dst[:raw]
+        hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+        touched = dgot > 0
+        hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
+        check_expected(hdr, expect, key)
+        if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
+            invalidate(body)
+            touched = False
+            return read_into(p, out, expect=expect, key=key, verify=verify)
+        if dgot != hdr.data_bytes:  # the file shrank under us
+            raise TruncatedError("data", hdr.data_bytes, dgot)
+        if verify:
+            actual = f"{digest:016x}"
+            if actual != hdr.data_xxh3:
+                raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
+        return hdr
+    except KVFormatError as e:
+        if touched:
+            invalidate(dst[:raw])  # F-5.5: wrong bytes never stay in the destination
+        raise e.with_path(p)
+    except BaseException:
+        if touched:
+            invalidate(dst[:raw])
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = False,
+                      overwrite: bool = True) -> tuple[bool, str]:
+    """Write one uncompressed kvformat file atomically, hashing the payload in the same pass.
+
+    ``header`` is the header region as :func:`encode_block` makes it with ``payload_xxh3=0``: its
+    ``kvf.dxxh3`` digits are patched with the payload's xxh3 (and ``kvf.hxxh3`` recomputed) in the
+    write itself, so the payload is read once. Publishing is :func:`write_atomic`'s (temp file, then
+    rename or, with ``overwrite=False``, link: first writer wins); the parent directory is created only
+    when the temp file cannot be (it exists on every write but the first of a directory).
+
+    Returns ``(written, payload xxh3 as 16 hex)``; ``written`` is False when ``overwrite`` is False
+    and ``path`` exists.
+    """
+    from . import _native
+    from ._header import _hxxh3_pos
+
+    dpos = header.index(_DXXH3_FIELD) + len(_DXXH3_FIELD)
+    hpos = _hxxh3_pos(header)
+    d = os.path.dirname(path) or "."
+    tmp = os.path.join(d, temp_name())
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileNotFoundError:
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        dh, _ = _native.pwrite_hash(fd, header, as_bytes_view(payload), dpos, hpos)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quiet(tmp)
+        raise
+    os.close(fd)
+    try:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if path exists: first writer wins, nothing is replaced
+            except FileExistsError:
+                return False, f"{dh:016x}"
+            finally:
+                _unlink_quiet(tmp)
+        if fsync:
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
+    return True, f"{dh:016x}"

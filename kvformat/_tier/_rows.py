@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -21,7 +22,9 @@ from .._format import encode_block
 from .._header import check_layout
 from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
 from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
+from .._io import read_into_fused, write_block_fused
 from ..storage import Store
+from ..storage._local import LocalStore
 from ._config import TierConfig
 from ._lru import LRUIndex
 
@@ -87,6 +90,10 @@ class RowEngine:
         self._arr: np.ndarray | None = np.frombuffer(flat, dtype=np.uint8) if copies > 1 and len(flat) else None
         self._addr = int(self._arr.ctypes.data) if self._arr is not None else 0
         self._mtimes: dict[str, float] = {}  # relpath -> last known file mtime (written, scanned, touched)
+        # Local buffered stores take the fused paths (one read / one write per chunk, payload hashed in the
+        # same pass: kvformat._native); O_DIRECT reads and remote stores keep the Store calls.
+        self._fused = isinstance(store, LocalStore) and os.environ.get("KVFORMAT_NO_FUSED") != "1"
+        self._fused_read = self._fused and getattr(store, "o_direct", "off") == "off"
 
     def close(self) -> None:
         """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
@@ -154,13 +161,16 @@ class RowEngine:
                 return REPLICA_MISMATCH, 0
         key = BlockKey(h, self.layout.group)
         prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
+        fuse = self._fused and digests is None and self.cfg.compression == "none"
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
-                                    level=self.cfg.compression_level, payload_xxh3=digests[0] if digests else None)
+                                    level=self.cfg.compression_level,
+                                    payload_xxh3=digests[0] if digests else (0 if fuse else None))
         size = len(hdr) + len(data)
         for attempt in range(2):
             self.delete_victims(self.index.reserve(size))
             try:
-                wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
+                wrote = (self._put_fused(rel, hdr, data) if fuse
+                         else self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync))
             except BaseException:
                 self.index.release(size)
                 raise
@@ -204,6 +214,19 @@ class RowEngine:
             return None
         return int(hdr.file_bytes)
 
+    # -- fused local I/O (kvformat._native) --------------------------------------------------------
+    def _put_fused(self, rel: str, hdr: bytes, data: Any) -> bool:
+        """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches."""
+        wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
+                                     overwrite=False)
+        return wrote
+
+    def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
+        if self._fused_read:  # one read of header + payload; dst is ours, zeroed on any failure
+            return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
+                                   verify=self.cfg.verify)
+        return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify)
+
     # -- load ----------------------------------------------------------------------------------
     def load_chunk(self, h: str, chunk_id: int) -> int | None:
         """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
@@ -213,8 +236,7 @@ class RowEngine:
         try:
             dst = self.flat[base:base + self.slot]
             try:
-                hdr = self.store.read_into(rel, dst, expect=self.layout, key=BlockKey(h, self.layout.group),
-                                           verify=self.cfg.verify)
+                hdr = self._read_into(rel, dst, BlockKey(h, self.layout.group))
             except FileNotFoundError:
                 self.index.remove(rel)
                 self.counters.add(missing_files=1)
