@@ -16,13 +16,13 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-import xxhash
 
 from .._format import encode_block
 from .._header import check_layout
 from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
 from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
 from .._io import read_into_fused, write_block_fused
+from .._native import xxh3_64
 from ..storage import Store
 from ..storage._local import LocalStore
 from ._config import TierConfig
@@ -151,7 +151,7 @@ class RowEngine:
         payload = self.flat[base:base + self.slot]
         digests: list[int] | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify":
-            digests = [xxhash.xxh3_64_intdigest(self.flat[base + r * self.slot:base + (r + 1) * self.slot])
+            digests = [xxh3_64(self.flat[base + r * self.slot:base + (r + 1) * self.slot])  # native: GIL released
                        for r in range(self.copies)]
             if len(set(digests)) != 1:
                 err = ReplicaMismatchError([f"{d:016x}" for d in digests])
