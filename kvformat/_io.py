@@ -8,6 +8,7 @@ import os
 import secrets
 import socket
 import stat
+import threading
 import time
 from typing import Any, Iterator, Mapping
 
@@ -437,7 +438,7 @@ _DXXH3_FIELD = b'"kvf.dxxh3":"'
 
 
 def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
-                    key: BlockKey | None = None, verify: bool = True) -> BlockHeader:
+                    key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
     """:func:`read_into` with header and payload in ONE read and the payload hashed as it lands.
 
     The header region's size is guessed as (file size - payload size), exact for every uncompressed
@@ -445,7 +446,9 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     checked: on any kvformat error it is zero-filled (never left holding the file's bytes), so it suits
     a caller for which any failure is a miss (the tier), not one that needs ``out`` untouched on a
     layout mismatch. Anything the guess does not fit (compressed files, other layouts) takes
-    :func:`read_into`. Raises what :func:`read_into` raises.
+    :func:`read_into`. ``o_direct``: the same one read through an O_DIRECT descriptor when ``out`` is
+    page-aligned and the payload a whole number of pages (else, or where the filesystem refuses it,
+    buffered). Raises what :func:`read_into` raises.
     """
     from . import _native
     from ._spec import MAX_HEADER_BYTES
@@ -454,23 +457,33 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     p = os.fspath(path)
     dst = as_bytes_view(out, writable=True)
     raw = expect.payload_bytes if expect is not None else len(dst)
-    fd = _open_regular(p)
+    direct = o_direct and _O_DIRECT and raw % ALIGNMENT == 0 and raw <= len(dst) and _addr(dst) % ALIGNMENT == 0
+    fd = _open_direct(p) if direct else _open_regular(p)
     touched = False
     try:
         size = os.fstat(fd).st_size
         guess = size - raw
         if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
-            return read_into(p, out, expect=expect, key=key, verify=verify)
-        head = bytearray(guess)
+            return read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
+        head = _head_buffer(guess) if direct else bytearray(guess)
         body = dst[:raw]
-        hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+        try:
+            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL:
+                raise
+            os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
+            fd = _open_regular(p)
+            direct = False
+            head = bytearray(guess)
+            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         touched = dgot > 0
         hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
         check_expected(hdr, expect, key)
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
-            return read_into(p, out, expect=expect, key=key, verify=verify)
+            return read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
         if dgot != hdr.data_bytes:  # the file shrank under us
             raise TruncatedError("data", hdr.data_bytes, dgot)
         if verify:
@@ -488,6 +501,38 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
         raise
     finally:
         os.close(fd)
+
+
+_HEADS = threading.local()  # per-thread page-aligned header buffers for O_DIRECT reads (no mmap per read)
+
+
+def _head_buffer(n: int) -> memoryview:
+    bufs = _HEADS.__dict__.setdefault("bufs", {})
+    if n not in bufs:
+        import mmap
+
+        bufs[n] = memoryview(mmap.mmap(-1, n))  # anonymous mappings are page-aligned
+    return bufs[n]
+
+
+def _addr(mv: memoryview) -> int:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv)) if len(mv) else 0
+
+
+def _open_direct(p: str) -> int:
+    """:func:`_open_regular` with O_DIRECT; a filesystem that refuses O_DIRECT at open gets the plain open."""
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | _O_DIRECT)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return _open_regular(p)
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return _open_regular(p)  # it raises the right error for a directory or a FIFO
+    return fd
 
 
 def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = False,

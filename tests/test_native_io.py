@@ -94,3 +94,33 @@ def test_header_hash_matches_fallback() -> None:
     buf = os.urandom(100_000)
     assert _header.xxh3_hex(buf) == xxhash.xxh3_64_hexdigest(buf)
     assert ("xxhash" in _header.xxh3_hex.__code__.co_names) == (not _native.HAVE_NATIVE)
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_fused_read_o_direct(tmp_path, where: str) -> None:  # type: ignore[no-untyped-def]
+    """O_DIRECT one-read into a page-aligned destination (a row of the tier), and the buffered fall-backs."""
+    import mmap
+    import tempfile
+
+    d = tempfile.mkdtemp(dir="/dev/shm") if where == "shm" else str(tmp_path)
+    try:
+        pay = os.urandom(L.payload_bytes)
+        assert L.payload_bytes % 4096 == 0
+        p = os.path.join(d, "d.kvf")
+        _fused_file(p, pay)
+        row = memoryview(mmap.mmap(-1, L.payload_bytes + 4096))
+        assert _io.read_into_fused(p, row, expect=L, key=KEY, o_direct=True).key == KEY
+        assert row[:L.payload_bytes] == pay
+        odd = row[1:1 + L.payload_bytes]  # unaligned: buffered, same result
+        assert _io.read_into_fused(p, odd, expect=L, key=KEY, o_direct=True).key == KEY and odd == pay
+        bad = bytearray(open(p, "rb").read())
+        bad[-5] ^= 0x10
+        open(p, "wb").write(bad)
+        with pytest.raises(errors.ChecksumError):
+            _io.read_into_fused(p, row, expect=L, key=KEY, o_direct=True)
+        assert row[:L.payload_bytes] == bytes(L.payload_bytes)
+    finally:
+        if where == "shm":
+            import shutil
+
+            shutil.rmtree(d)

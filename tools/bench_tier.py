@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import mmap
 import os
 import shutil
 import statistics
@@ -229,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             layers, tpb, width, dtype, label = SHAPES[shape]
             slot = layers * tpb * width * (2 if dtype == "bfloat16" else 1)
             payloads = [make_payload(f"p{i}", slot) for i in range(min(a.chunks, 8))]
-            src = np.frombuffer(payloads[0], dtype=np.uint8).copy()
-            buf = np.empty(slot, dtype=np.uint8)
+            # page-aligned (anonymous mmap): the O_DIRECT limits need aligned buffers
+            src = np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8)
+            src[:] = np.frombuffer(payloads[0], dtype=np.uint8)
+            buf = np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8)
             direct = bool(fs_io.probe_o_direct(media[medium]))
             for tp in (int(x) for x in a.tp.split(",")):
                 for row in a.rows.split(","):

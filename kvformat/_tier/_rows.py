@@ -93,7 +93,8 @@ class RowEngine:
         # Local buffered stores take the fused paths (one read / one write per chunk, payload hashed in the
         # same pass: kvformat._native); O_DIRECT reads and remote stores keep the Store calls.
         self._fused = isinstance(store, LocalStore) and os.environ.get("KVFORMAT_NO_FUSED") != "1"
-        self._fused_read = self._fused and getattr(store, "o_direct", "off") == "off"
+        self._fused_read = self._fused
+        self._o_direct = getattr(store, "o_direct", "off") != "off"
 
     def close(self) -> None:
         """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
@@ -224,7 +225,7 @@ class RowEngine:
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
         if self._fused_read:  # one read of header + payload; dst is ours, zeroed on any failure
             return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
-                                   verify=self.cfg.verify)
+                                   verify=self.cfg.verify, o_direct=self._o_direct)
         return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify)
 
     # -- load ----------------------------------------------------------------------------------
