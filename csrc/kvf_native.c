@@ -162,7 +162,9 @@ static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
         return NULL;
     }
     if (piece < 4096) piece = 4096;
-    char *hdr = PyMem_RawMalloc((size_t)hb.len ? (size_t)hb.len : 1);
+    /* page-aligned: the fd may be O_DIRECT (the payload then is the caller's aligned row) */
+    char *hdr = NULL;
+    if (posix_memalign((void **)&hdr, 4096, (size_t)hb.len ? (size_t)hb.len : 1)) hdr = NULL;
     if (!hdr) { PyBuffer_Release(&hb); PyBuffer_Release(&pb); return PyErr_NoMemory(); }
     int err = 0;
     uint64_t dh = 0, hh = 0;
@@ -190,7 +192,7 @@ static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
         if (r < 0) err = (int)-r;
     }
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(hdr);
+    free(hdr);
     PyBuffer_Release(&hb);
     PyBuffer_Release(&pb);
     if (err) return os_error(err);

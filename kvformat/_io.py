@@ -535,8 +535,24 @@ def _open_direct(p: str) -> int:
     return fd
 
 
+def _addr_ro(mv: memoryview) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
+
+
+def _open_new(tmp: str, flags: int, direct: bool) -> int:
+    if direct:
+        try:
+            return os.open(tmp, flags | _O_DIRECT, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    return os.open(tmp, flags, 0o644)
+
+
 def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = False,
-                      overwrite: bool = True) -> tuple[bool, str]:
+                      overwrite: bool = True, o_direct: bool = False) -> tuple[bool, str]:
     """Write one uncompressed kvformat file atomically, hashing the payload in the same pass.
 
     ``header`` is the header region as :func:`encode_block` makes it with ``payload_xxh3=0``: its
@@ -544,6 +560,10 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
     write itself, so the payload is read once. Publishing is :func:`write_atomic`'s (temp file, then
     rename or, with ``overwrite=False``, link: first writer wins); the parent directory is created only
     when the temp file cannot be (it exists on every write but the first of a directory).
+
+    ``o_direct``: write through an O_DIRECT descriptor (the page cache is bypassed, as the built-in
+    vLLM tier does) when the payload is page-aligned and a whole number of pages; buffered otherwise or
+    where the filesystem refuses it.
 
     Returns ``(written, payload xxh3 as 16 hex)``; ``written`` is False when ``overwrite`` is False
     and ``path`` exists.
@@ -555,14 +575,23 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
     hpos = _hxxh3_pos(header)
     d = os.path.dirname(path) or "."
     tmp = os.path.join(d, temp_name())
+    body = as_bytes_view(payload)
+    direct = bool(o_direct and _O_DIRECT and len(body) % ALIGNMENT == 0 and _addr_ro(body) % ALIGNMENT == 0)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(tmp, flags, 0o644)
+        fd = _open_new(tmp, flags, direct)
     except FileNotFoundError:
         os.makedirs(d, exist_ok=True)
-        fd = os.open(tmp, flags, 0o644)
+        fd = _open_new(tmp, flags, direct)
     try:
-        dh, _ = _native.pwrite_hash(fd, header, as_bytes_view(payload), dpos, hpos)
+        try:
+            dh, _ = _native.pwrite_hash(fd, header, body, dpos, hpos)
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL:
+                raise
+            os.close(fd)  # O_DIRECT refused at write time: the same write, buffered
+            fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
+            dh, _ = _native.pwrite_hash(fd, header, body, dpos, hpos)
         if fsync:
             os.fsync(fd)
     except BaseException:

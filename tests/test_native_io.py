@@ -124,3 +124,27 @@ def test_fused_read_o_direct(tmp_path, where: str) -> None:  # type: ignore[no-u
             import shutil
 
             shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_fused_write_o_direct_is_byte_identical(tmp_path, where: str) -> None:  # type: ignore[no-untyped-def]
+    import mmap
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(dir="/dev/shm") if where == "shm" else str(tmp_path)
+    try:
+        pay = os.urandom(L.payload_bytes)
+        row = memoryview(mmap.mmap(-1, L.payload_bytes + 4096))
+        row[:L.payload_bytes] = pay
+        prov = K.Provenance(writer="t", created=9)
+        for name, src in (("aligned", row[:L.payload_bytes]), ("unaligned", memoryview(bytearray(b"\0" + pay))[1:])):
+            hdr, data, _ = encode_block(src, L, KEY, provenance=prov, payload_xxh3=0)
+            a = os.path.join(d, f"{name}.kvf")
+            assert _io.write_block_fused(a, hdr, data, o_direct=True, fsync=True) == (True, xxhash.xxh3_64_hexdigest(pay))
+            b = os.path.join(d, "ref.kvf")
+            K.save_file(pay, b, L, KEY, provenance=prov)
+            assert open(a, "rb").read() == open(b, "rb").read(), name
+    finally:
+        if where == "shm":
+            shutil.rmtree(d)

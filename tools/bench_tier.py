@@ -27,7 +27,7 @@ Timings:
 
 The built-in tier probes O_DIRECT at start-up and uses it wherever the probe succeeds: on ext4 and also on
 /dev/shm on this kernel (tmpfs accepts O_DIRECT since Linux 6.6). ``--kvf-o-direct`` and ``--kvf-fsync`` set
-kvformat's modes (reads with O_DIRECT; fsync of file + directory per store). Usage::
+kvformat's modes (o_direct: stores and loads through O_DIRECT descriptors for page-aligned rows; fsync: of file + directory per store). Usage::
 
     python tools/bench_tier.py [--chunks 24] [--threads 4] [--media shm,disk] [--tp 1,4,8] [--requests 1,4]
         [--rows replicated,per_worker] [--shapes v3,dsa,small] [--repeats 5] [--peer c|python]
@@ -155,12 +155,15 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
     return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9}
 
 
-def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: np.ndarray) -> dict[str, float]:
-    """memcpy and dd-style write/read GB/s of ``chunks`` x ``slot`` bytes in ``dirpath`` (buffered, O_DIRECT)."""
+def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.ndarray],
+           threads: int) -> dict[str, float]:
+    """memcpy and dd-style write/read GB/s of ``chunks`` x ``slot`` bytes in ``dirpath`` (buffered, O_DIRECT),
+    one file per chunk over ``threads`` threads like the tiers (os.write/readv release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
     out: dict[str, float] = {}
     t = time.perf_counter()
     for _ in range(chunks):
-        ctypes.memmove(dst.ctypes.data, src.ctypes.data, slot)
+        ctypes.memmove(dst[0].ctypes.data, src.ctypes.data, slot)
     out["memcpy"] = slot * chunks / (time.perf_counter() - t) / 1e9
     aligned = slot - slot % 4096
     for mode, flag in (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0))):
@@ -169,20 +172,29 @@ def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: np.ndarra
         os.sync()
         names = [os.path.join(dirpath, f".dd-{mode}-{i}") for i in range(chunks)]
         n = aligned if mode == "direct" else slot
-        try:
-            t = time.perf_counter()
-            for p in names:  # like a tier store: one file per chunk
-                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+        def put(i: int) -> None:
+            fd = os.open(names[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+            try:
                 os.write(fd, memoryview(src)[:n])
+            finally:
                 os.close(fd)
-            out[f"write {mode}"] = n * chunks / (time.perf_counter() - t) / 1e9
-            os.sync()
-            t = time.perf_counter()
-            for p in names:
-                fd = os.open(p, os.O_RDONLY | flag)
-                os.readv(fd, [memoryview(dst)[:n]])
+
+        def get(i: int) -> None:
+            fd = os.open(names[i], os.O_RDONLY | flag)
+            try:
+                os.readv(fd, [memoryview(dst[i % len(dst)])[:n]])
+            finally:
                 os.close(fd)
-            out[f"read {mode}"] = n * chunks / (time.perf_counter() - t) / 1e9
+
+        try:
+            with ThreadPoolExecutor(threads) as ex:
+                t = time.perf_counter()
+                list(ex.map(put, range(chunks)))
+                out[f"write {mode}"] = n * chunks / (time.perf_counter() - t) / 1e9
+                os.sync()
+                t = time.perf_counter()
+                list(ex.map(get, range(chunks)))
+                out[f"read {mode}"] = n * chunks / (time.perf_counter() - t) / 1e9
         except OSError:
             pass  # the medium refuses O_DIRECT
         finally:
@@ -233,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             # page-aligned (anonymous mmap): the O_DIRECT limits need aligned buffers
             src = np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8)
             src[:] = np.frombuffer(payloads[0], dtype=np.uint8)
-            buf = np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8)
+            buf = [np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8) for _ in range(a.threads)]
             direct = bool(fs_io.probe_o_direct(media[medium]))
             for tp in (int(x) for x in a.tp.split(",")):
                 for row in a.rows.split(","):
@@ -245,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: str, slot: int, layers: int,
              tpb: int, width: int, dtype: str, tp: int, replicated: bool, nreq: int, payloads: list[bytes],
-             src: np.ndarray, buf: np.ndarray, direct: bool) -> None:
+             src: np.ndarray, buf: list[np.ndarray], direct: bool) -> None:
     deps: dict[str, Any] = {}
     roots: dict[str, Path] = {}
     res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": []} for n in ("fs", "kvf")}
@@ -273,7 +285,7 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
                 for k in ("store", "load"):
                     res[name][k].append(r[k])
                 gc.collect()
-            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf).items():
+            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads).items():
                 lim.setdefault(k, []).append(v)
         files = {n: disk_bytes(roots[n], ".bin" if n == "fs" else ".kvf") for n in roots}
     finally:

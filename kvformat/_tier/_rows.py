@@ -219,7 +219,7 @@ class RowEngine:
     def _put_fused(self, rel: str, hdr: bytes, data: Any) -> bool:
         """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches."""
         wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
-                                     overwrite=False)
+                                     overwrite=False, o_direct=self._o_direct)
         return wrote
 
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
