@@ -36,6 +36,7 @@ kvformat's modes (o_direct: stores and loads through O_DIRECT descriptors for pa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import mmap
@@ -206,6 +207,28 @@ def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.n
     return out
 
 
+class Fallback:
+    """Swap kvformat's native functions for its pure-Python ones for the duration of a ``with``."""
+
+    def __enter__(self) -> None:
+        from kvformat import _header, _native
+        from kvformat._tier import _rows
+
+        self.saved = [(m, n, getattr(m, n)) for m, n in ((_native, "pread_hash"), (_native, "pwrite_hash"),
+                                                         (_native, "xxh3_64"), (_rows, "xxh3_64"))]
+        self.saved.append((_header, "xxh3_hex", _header.xxh3_hex))
+        for m, n, _ in self.saved[:-1]:
+            setattr(m, n, getattr(_native, "_py_" + n))
+        _header.xxh3_hex = lambda d: f"{_native._py_xxh3_64(d):016x}"
+        import kvformat._format as F
+        self.saved.append((F, "xxh3_hex", F.xxh3_hex))
+        F.xxh3_hex = _header.xxh3_hex
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, n, f in self.saved:
+            setattr(m, n, f)
+
+
 def med(v: list[float]) -> str:
     return f"{statistics.median(v):5.2f} ({min(v):.2f}-{max(v):.2f})"
 
@@ -225,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", default="c" if fs_io._HAS_FSIO_C else "python", choices=["c", "python"])
     ap.add_argument("--kvf-o-direct", default="off", choices=["off", "auto", "on"])
     ap.add_argument("--kvf-fsync", action="store_true")
+    ap.add_argument("--kvf-fallback", action="store_true",
+                    help="also run kvformat with its pure-Python fallbacks (python-xxhash, os.preadv/pwritev) "
+                         "as a third contender 'kvpy', interleaved: what the C extension buys")
     a = ap.parse_args(argv)
     path = install_peer(a.peer)
     from kvformat import _native
@@ -260,11 +286,12 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
              src: np.ndarray, buf: list[np.ndarray], direct: bool) -> None:
     deps: dict[str, Any] = {}
     roots: dict[str, Path] = {}
-    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": []} for n in ("fs", "kvf")}
+    names = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
+    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": []} for n in names}
     lim: dict[str, list[float]] = {}
     before = dict(CALLS)
     try:
-        for name in ("fs", "kvf"):
+        for name in names:
             roots[name] = Path(tempfile.mkdtemp(prefix=f"bench_{name}_", dir=mdir))
             if name == "fs":
                 tier = fs_tier(str(roots[name]), n_read_threads=a.threads, n_write_threads=a.threads)
@@ -278,10 +305,11 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
             if hasattr(t, "wait_scanned"):
                 t.wait_scanned(30)
         for rep in range(a.repeats):
-            for name in ("fs", "kvf"):
+            for name in names:
                 os.sync()  # neither contender pays for the other's (or a previous run's) writeback
-                r = cycle(deps[name], f"{name}{rep}{tp}{replicated}{nreq}{shape}", a.chunks, nreq, payloads,
-                          roots[name], ".bin" if name == "fs" else ".kvf")
+                with Fallback() if name == "kvpy" else contextlib.nullcontext():
+                    r = cycle(deps[name], f"{name}{rep}{tp}{replicated}{nreq}{shape}", a.chunks, nreq, payloads,
+                              roots[name], ".bin" if name == "fs" else ".kvf")
                 for k in ("store", "load"):
                     res[name][k].append(r[k])
                 gc.collect()
@@ -307,6 +335,10 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
         ratios = [x / y for x, y in zip(k[op], f[op])]
         print(f"  {op:5} fs {med(f[op])} frac {statistics.median(f[op]) / limit:4.2f} | kvf {med(k[op])} frac "
               f"{statistics.median(k[op]) / limit:4.2f} | kvf/fs {med(ratios)}", flush=True)
+        if "kvpy" in res:
+            p = res["kvpy"][op]
+            print(f"  {op:5} kvformat pure-Python fallback {med(p)} | kvf/fs {med([x / y for x, y in zip(p, f[op])])}"
+                  f" | native/fallback {med([x / y for x, y in zip(k[op], p)])}", flush=True)
 
 
 if __name__ == "__main__":
