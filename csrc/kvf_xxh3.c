@@ -159,6 +159,7 @@ static void scramble_scalar(uint64_t *acc, const uint8_t *sec) {
 __attribute__((target("avx2")))
 static void accumulate_avx2(uint64_t *acc, const uint8_t *in, const uint8_t *sec, size_t n) {
     __m256i a0 = _mm256_loadu_si256((const __m256i *)acc), a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
+#pragma GCC unroll 8
     for (size_t k = 0; k < n; k++, in += STRIPE, sec += 8) {
         __builtin_prefetch(in + 384);  /* a few stripes ahead: hides L3/DRAM latency on inputs past L2 */
         __m256i d0 = _mm256_loadu_si256((const __m256i *)in), d1 = _mm256_loadu_si256((const __m256i *)(in + 32));
