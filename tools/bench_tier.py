@@ -1,39 +1,91 @@
 """Side-by-side: vLLM's built-in ``fs`` tier vs ``KVFormatTier``, through vLLM's real tiering manager.
 
-Same chunks, same medium, same thread counts; DeepSeek-V3-shaped blocks (61 layers x 64 tokens x 576 bf16,
-4,497,408 bytes a block, one copy); TP in {1, 4, 8} x {replicated row, one slot per worker}.
+Same chunks, same medium, same thread counts, verification ON for kvformat; TP in {1, 4, 8} x {replicated row,
+one slot per worker}; chunk shapes:
 
-* store GB/s: logical bytes (one copy of each chunk) / time from ``complete_store`` (the cascade) until
-  every tier job has finished.
-* load GB/s: logical bytes / time from the first ``lookup`` after the primary was emptied until every
-  chunk is a HIT in the primary (lookup RETRY steps, promotion, verification and fan-out included).
-* disk/block: bytes on the medium per block (``st_blocks`` x 512 summed over the files / blocks).
+* ``v3``: 1 DeepSeek-V3 block, 61 layers x 64 tokens x 576 bf16 = 4,497,408 bytes;
+* ``dsa``: the size of a DeepSeek-V3.2 (DSA) block, 61 x (41,984 MLA fp8_ds_mla + 8,448 indexer) = 3,076,352 bytes
+  (stood in for by 61 uniform 50,432-byte layers: the bytes moved are the same, the header has 61 entries, not 122);
+* ``small``: 1 bf16 block of 16 tokens (vLLM's old default block size), 61 x 16 x 576 x 2 = 1,124,352 bytes.
 
-vLLM's C fast path (``vllm.fs_io_C``) does not load without CUDA, so the built-in tier runs its pure-Python
-fallback here; the script says which path it measured. Usage::
+Timings:
 
-    .venv/bin/python tools/bench_tier.py [--chunks 24] [--threads 4] [--media shm,disk] [--tp 1,4,8]
+* store GB/s: logical bytes (one copy of each chunk) / time from ``complete_store`` (the cascade) until every
+  tier job has finished; with ``--requests N`` the chunks are split over N requests completed together, so the
+  built-in tier (one task per job) uses its pool too.
+* load GB/s: logical bytes / time from the first ``lookup`` after the primary was emptied until every chunk is
+  a HIT in the primary (lookup RETRY steps, promotion, verification and fan-out included).
+* Medians with min-max over ``--repeats`` interleaved repeats (fs, kvf, fs, kvf, ...; ``os.sync()`` before each).
+* limits, measured in the same run on the same medium, interleaved with the repeats: memcpy of one slot, and
+  dd-style sequential write (temp file, one ``write`` per chunk, unlink) and read (one ``readv`` per chunk) of the
+  same bytes, buffered and with O_DIRECT where the medium takes it. ``frac`` = tier GB/s / limit (store: the
+  write limit of the same mode; load: the read limit).
+
+``--peer c|python`` picks the built-in tier's path: ``c`` needs ``vllm.fs_io_C`` (a CUDA torch build, see
+../shared/reference/vllm-fastpath.md); ``python`` forces its pure-Python fallback. Counters around
+``batch_store_block_C`` / ``batch_load_block_C`` and the Python per-block functions show which one ran.
+
+The built-in tier probes O_DIRECT at start-up and uses it wherever the probe succeeds: on ext4 and also on
+/dev/shm on this kernel (tmpfs accepts O_DIRECT since Linux 6.6). ``--kvf-o-direct`` and ``--kvf-fsync`` set
+kvformat's modes (o_direct: stores and loads through O_DIRECT descriptors for page-aligned rows; fsync: of file + directory per store). Usage::
+
+    python tools/bench_tier.py [--chunks 24] [--threads 4] [--media shm,disk] [--tp 1,4,8] [--requests 1,4]
+        [--rows replicated,per_worker] [--shapes v3,dsa,small] [--repeats 5] [--peer c|python]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
+import mmap
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 from vllm_harness import _STEP, Deployment, fs_tier, kvformat_tier, make_keys, make_payload  # noqa: E402
 
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 from vllm.v1.kv_offload.tiering.fs import io as fs_io  # noqa: E402
 
-LAYERS, TOKENS, WIDTH, DTYPE, MODEL = 61, 64, 576, "bfloat16", "deepseek-ai/DeepSeek-V3"
+MODEL = "deepseek-ai/DeepSeek-V3"
+# name: (layers, tokens per block, width, dtype, label)
+SHAPES = {"v3": (61, 64, 576, "bfloat16", "DeepSeek-V3 1 block"),
+          "dsa": (61, 64, 788, "fp8", "DSA-sized 1 block"),
+          "small": (61, 16, 576, "bfloat16", "bf16 1 block x 16 tok")}
+
+CALLS = {"C store": 0, "C load": 0, "py store": 0, "py load": 0}
+
+
+def _count(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        CALLS[name] += 1
+        return f(*a, **kw)
+    return wrapper
+
+
+def install_peer(peer: str) -> str:
+    """Select and instrument the built-in tier's I/O path; returns its label."""
+    if peer == "c":
+        if not fs_io._HAS_FSIO_C:
+            sys.exit("--peer c: vllm.fs_io_C does not import here (it needs a CUDA torch build); use --peer python")
+        fs_io.batch_store_block_C = _count("C store", fs_io.batch_store_block_C)
+        fs_io.batch_load_block_C = _count("C load", fs_io.batch_load_block_C)
+    else:
+        fs_io._HAS_FSIO_C = False
+    fs_io._store_block = _count("py store", fs_io._store_block)
+    fs_io._load_block = _count("py load", fs_io._load_block)
+    return "C fast path (vllm.fs_io_C)" if peer == "c" else "pure-Python fallback"
 
 
 def disk_bytes(root: Path, suffix: str) -> tuple[int, int]:
@@ -46,117 +98,247 @@ def disk_bytes(root: Path, suffix: str) -> tuple[int, int]:
     return n, used
 
 
-def run_one(tier: dict, root: Path, tp: int, replicated: bool, bpc: int, chunks: int, payloads: list[bytes],
-            suffix: str) -> dict:
-    keys = make_keys(chunks, f"bench{tp}{replicated}")
-    with Deployment([tier], tp=tp, replicated=replicated, blocks_per_chunk=bpc, n_layers=LAYERS,
-                    tokens_per_block=TOKENS, width=WIDTH, dtype=DTYPE, model=MODEL, num_chunks=chunks + 2) as dep:
-        t = dep.tier()
-        if hasattr(t, "wait_scanned"):
-            t.wait_scanned(30)
-        mgr = dep.mgr
-        ctx = dep._ctx()
-        with mgr.lock:
+def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list[bytes], root: Path,
+          suffix: str) -> dict[str, float]:
+    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them; GB/s."""
+    keys = make_keys(chunks, salt)
+    parts = [keys[i::requests] for i in range(requests)]
+    mgr = dep.mgr
+    ctxs, outs = [], []
+    with mgr.lock:
+        for part in parts:
+            ctx = dep._ctx()
             mgr.on_new_request(ctx)
-            out = mgr.prepare_store(keys, ctx)
-            assert out is not None and len(out.keys_to_store) == chunks
-            for i, cid in enumerate(out.store_spec.chunk_ids):
-                dep._write_row(int(cid), payloads[i])
-        t0 = time.perf_counter()
-        with mgr.lock:
+            out = mgr.prepare_store(part, ctx)
+            assert out is not None and len(out.keys_to_store) == len(part)
+            for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
+                dep._write_row(int(cid), payloads[keys.index(k) % len(payloads)])
+            ctxs.append(ctx)
+            outs.append(out)
+    t0 = time.perf_counter()
+    with mgr.lock:
+        for ctx, out in zip(ctxs, outs):
             mgr.complete_store(list(out.keys_to_store), ctx)
             mgr.on_request_finished(ctx)
-            mgr.on_schedule_end(_STEP)
-        dep.flush(timeout=600)
-        t_store = time.perf_counter() - t0
-        files, used = disk_bytes(root, suffix)
-        assert files == chunks, (files, chunks)
-        dep.evict_primary()
-        ctx = dep._ctx()
-        with mgr.lock:
+        mgr.on_schedule_end(_STEP)
+    dep.flush(timeout=600)
+    t_store = time.perf_counter() - t0
+    dep.evict_primary()
+    with mgr.lock:
+        ctxs = [dep._ctx() for _ in parts]
+        for ctx in ctxs:
             mgr.on_new_request(ctx)
-        pending = set(keys)
-        t0 = time.perf_counter()
-        while pending:
-            with mgr.lock:
-                for k in list(pending):
+    pending = [set(p) for p in parts]
+    t0 = time.perf_counter()
+    while any(pending):
+        with mgr.lock:
+            for ctx, pend in zip(ctxs, pending):
+                for k in list(pend):
                     r = mgr.lookup(k, ctx)
                     if r is LookupResult.HIT:
-                        pending.discard(k)
+                        pend.discard(k)
                     elif r is LookupResult.MISS:
                         raise RuntimeError("a stored chunk missed")
-                mgr.on_schedule_end(_STEP)
-            if pending:
-                time.sleep(0.0005)
-        t_load = time.perf_counter() - t0
-        with mgr.lock:
-            spec = mgr.prepare_load(keys, ctx)
-            for k, cid in zip(keys, spec.chunk_ids):
-                assert dep._read_row(int(cid), raw=False) == payloads[keys.index(k)]
-            mgr.complete_load(keys, ctx)
-            mgr.on_request_finished(ctx)
             mgr.on_schedule_end(_STEP)
-        logical = chunks * dep.slot_bytes
-    return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9, "disk": used / (chunks * bpc)}
+        if any(pending):
+            time.sleep(0.0005)
+    t_load = time.perf_counter() - t0
+    with mgr.lock:
+        for ctx, part in zip(ctxs, parts):
+            spec = mgr.prepare_load(part, ctx)
+            for k, cid in zip(part, spec.chunk_ids):
+                assert dep._read_row(int(cid), raw=False) == payloads[keys.index(k) % len(payloads)]
+            mgr.complete_load(part, ctx)
+            mgr.on_request_finished(ctx)
+        mgr.on_schedule_end(_STEP)
+    dep.evict_primary()
+    logical = chunks * dep.slot_bytes
+    return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9}
+
+
+def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.ndarray],
+           threads: int) -> dict[str, float]:
+    """memcpy and dd-style write/read GB/s of ``chunks`` x ``slot`` bytes in ``dirpath`` (buffered, O_DIRECT),
+    one file per chunk over ``threads`` threads like the tiers (os.write/readv release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    for _ in range(chunks):
+        ctypes.memmove(dst[0].ctypes.data, src.ctypes.data, slot)
+    out["memcpy"] = slot * chunks / (time.perf_counter() - t) / 1e9
+    aligned = slot - slot % 4096
+    for mode, flag in (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0))):
+        if mode == "direct" and not flag:
+            continue
+        os.sync()
+        names = [os.path.join(dirpath, f".dd-{mode}-{i}") for i in range(chunks)]
+        n = aligned if mode == "direct" else slot
+        def put(i: int) -> None:
+            fd = os.open(names[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+            try:
+                os.write(fd, memoryview(src)[:n])
+            finally:
+                os.close(fd)
+
+        def get(i: int) -> None:
+            fd = os.open(names[i], os.O_RDONLY | flag)
+            try:
+                os.readv(fd, [memoryview(dst[i % len(dst)])[:n]])
+            finally:
+                os.close(fd)
+
+        try:
+            with ThreadPoolExecutor(threads) as ex:
+                t = time.perf_counter()
+                list(ex.map(put, range(chunks)))
+                out[f"write {mode}"] = n * chunks / (time.perf_counter() - t) / 1e9
+                os.sync()
+                t = time.perf_counter()
+                list(ex.map(get, range(chunks)))
+                out[f"read {mode}"] = n * chunks / (time.perf_counter() - t) / 1e9
+        except OSError:
+            pass  # the medium refuses O_DIRECT
+        finally:
+            for p in names:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+    return out
+
+
+class Fallback:
+    """Swap kvformat's native functions for its pure-Python ones for the duration of a ``with``."""
+
+    def __enter__(self) -> None:
+        from kvformat import _header, _native
+        from kvformat._tier import _rows
+
+        self.saved = [(m, n, getattr(m, n)) for m, n in ((_native, "pread_hash"), (_native, "pwrite_hash"),
+                                                         (_native, "xxh3_64"), (_rows, "xxh3_64"))]
+        self.saved.append((_header, "xxh3_hex", _header.xxh3_hex))
+        for m, n, _ in self.saved[:-1]:
+            setattr(m, n, getattr(_native, "_py_" + n))
+        _header.xxh3_hex = lambda d: f"{_native._py_xxh3_64(d):016x}"
+        import kvformat._format as F
+        self.saved.append((F, "xxh3_hex", F.xxh3_hex))
+        F.xxh3_hex = _header.xxh3_hex
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, n, f in self.saved:
+            setattr(m, n, f)
+
+
+def med(v: list[float]) -> str:
+    return f"{statistics.median(v):5.2f} ({min(v):.2f}-{max(v):.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=24)
-    ap.add_argument("--bpc", type=int, default=1, help="blocks per chunk")
     ap.add_argument("--threads", type=int, default=4, help="read and write threads of both tiers")
     ap.add_argument("--media", default="shm,disk")
     ap.add_argument("--tp", default="1,4,8")
+    ap.add_argument("--rows", default="replicated,per_worker")
+    ap.add_argument("--requests", default="4", help="comma list: concurrent requests the chunks are split over")
+    ap.add_argument("--shapes", default="v3", help=f"comma list of {','.join(SHAPES)}")
     ap.add_argument("--disk-dir", default=None, help="a directory on the local disk (default: the system temp dir)")
     ap.add_argument("--verify", default="true", choices=["true", "false"])
-    ap.add_argument("--repeats", type=int, default=3, help="runs per cell; the best is reported")
-    ap.add_argument("--kvf-o-direct", default="off", choices=["off", "auto"],
-                    help="KVFormatTier's o_direct (default: its default, off)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved runs per cell; median (min-max) reported")
+    ap.add_argument("--peer", default="c" if fs_io._HAS_FSIO_C else "python", choices=["c", "python"])
+    ap.add_argument("--kvf-o-direct", default="off", choices=["off", "auto", "on"])
+    ap.add_argument("--kvf-fsync", action="store_true")
+    ap.add_argument("--kvf-fallback", action="store_true",
+                    help="also run kvformat with its pure-Python fallbacks (python-xxhash, os.preadv/pwritev) "
+                         "as a third contender 'kvpy', interleaved: what the C extension buys")
     a = ap.parse_args(argv)
-    path = "C fast path (vllm.fs_io_C)" if fs_io._HAS_FSIO_C else "pure-Python fallback (vllm.fs_io_C needs CUDA)"
-    slot = LAYERS * TOKENS * WIDTH * 2 * a.bpc
-    print(f"vLLM built-in fs tier: {path}. Chunks of {a.bpc} DeepSeek-V3 block(s): {LAYERS} layers x {TOKENS} tokens x "
-          f"{WIDTH} {DTYPE} = {slot:,} logical bytes; {a.chunks} chunks per run; {a.threads} read + {a.threads} "
-          f"write threads per tier; kvformat verify={a.verify}, compression none, o_direct={a.kvf_o_direct}; "
-          f"best of {a.repeats} runs.")
-    if fs_io.O_DIRECT:
-        print("On media that accept O_DIRECT (not tmpfs) the built-in tier writes and reads with O_DIRECT (its probe); "
-              "kvformat writes buffered and reads as its o_direct says.")
-    print("GB/s are logical bytes (one copy of each chunk) per second; disk/block is allocated bytes per block.")
-    payloads = [make_payload(f"p{i}", slot) for i in range(a.chunks)]
+    path = install_peer(a.peer)
+    from kvformat import _native
+
     media = {"shm": "/dev/shm", "disk": a.disk_dir or tempfile.gettempdir()}
-    hdr = (f"{'medium':6} {'TP':>2} {'row':10} | {'fs store':>8} {'kvf store':>9} {'ratio':>6} | {'fs load':>8} "
-           f"{'kvf load':>8} {'ratio':>6} | {'fs disk/blk':>11} {'kvf disk/blk':>12} {'ratio':>6}")
-    print(hdr)
-    print("-" * len(hdr))
+    print(f"vLLM built-in fs tier: {path} (O_DIRECT probe: "
+          + ", ".join(f"{m} {fs_io.probe_o_direct(media[m])}" for m in a.media.split(",")) + "). "
+          f"kvformat: native={_native.HAVE_NATIVE} ({_native.simd()}), verify={a.verify}, compression none, "
+          f"o_direct={a.kvf_o_direct}, fsync={a.kvf_fsync}. {a.chunks} chunks per run, {a.threads} read + "
+          f"{a.threads} write threads per tier, median (min-max) of {a.repeats} interleaved repeats.")
+    print("GB/s are logical bytes (one copy of each chunk) per second. frac = GB/s / the medium's limit measured in "
+          "the same cell (store: dd write, load: dd read; O_DIRECT limits where the built-in tier uses O_DIRECT).")
     for medium in a.media.split(","):
-        for tp in (int(x) for x in a.tp.split(",")):
-            for replicated in (True, False):
-                res: dict[str, dict] = {}
-                for rep in range(a.repeats):  # interleaved; best of the repeats (the machine is shared)
-                    for name in ("fs", "kvf"):
-                        os.sync()  # neither contender pays for the other's (or a previous run's) writeback
-                        root = Path(tempfile.mkdtemp(prefix=f"bench_{name}_", dir=media[medium]))
-                        try:
-                            if name == "fs":
-                                tier = fs_tier(str(root), n_read_threads=a.threads, n_write_threads=a.threads)
-                            else:
-                                tier = kvformat_tier(str(root), read_threads=a.threads, write_threads=a.threads,
-                                                     verify=a.verify == "true", o_direct=a.kvf_o_direct)
-                            r = run_one(tier, root, tp, replicated, a.bpc, a.chunks, payloads,
-                                        ".bin" if name == "fs" else ".kvf")
-                        finally:
-                            shutil.rmtree(root, ignore_errors=True)
-                            gc.collect()
-                        best = res.setdefault(name, r)
-                        best["store"] = max(best["store"], r["store"])
-                        best["load"] = max(best["load"], r["load"])
-                f, k = res["fs"], res["kvf"]
-                row = "replicated" if replicated else "per_worker"
-                print(f"{medium:6} {tp:>2} {row:10} | {f['store']:8.2f} {k['store']:9.2f} {k['store'] / f['store']:6.2f} | "
-                      f"{f['load']:8.2f} {k['load']:8.2f} {k['load'] / f['load']:6.2f} | {f['disk'] / 1e6:9.2f}MB "
-                      f"{k['disk'] / 1e6:10.2f}MB {k['disk'] / f['disk']:6.3f}", flush=True)
+        for shape in a.shapes.split(","):
+            layers, tpb, width, dtype, label = SHAPES[shape]
+            slot = layers * tpb * width * (2 if dtype == "bfloat16" else 1)
+            payloads = [make_payload(f"p{i}", slot) for i in range(min(a.chunks, 8))]
+            # page-aligned (anonymous mmap): the O_DIRECT limits need aligned buffers
+            src = np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8)
+            src[:] = np.frombuffer(payloads[0], dtype=np.uint8)
+            buf = [np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8) for _ in range(a.threads)]
+            direct = bool(fs_io.probe_o_direct(media[medium]))
+            for tp in (int(x) for x in a.tp.split(",")):
+                for row in a.rows.split(","):
+                    for nreq in (int(x) for x in a.requests.split(",")):
+                        run_cell(a, medium, media[medium], shape, label, slot, layers, tpb, width, dtype, tp,
+                                 row == "replicated", nreq, payloads, src, buf, direct)
     return 0
+
+
+def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: str, slot: int, layers: int,
+             tpb: int, width: int, dtype: str, tp: int, replicated: bool, nreq: int, payloads: list[bytes],
+             src: np.ndarray, buf: list[np.ndarray], direct: bool) -> None:
+    deps: dict[str, Any] = {}
+    roots: dict[str, Path] = {}
+    names = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
+    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": []} for n in names}
+    lim: dict[str, list[float]] = {}
+    before = dict(CALLS)
+    try:
+        for name in names:
+            roots[name] = Path(tempfile.mkdtemp(prefix=f"bench_{name}_", dir=mdir))
+            if name == "fs":
+                tier = fs_tier(str(roots[name]), n_read_threads=a.threads, n_write_threads=a.threads)
+            else:
+                tier = kvformat_tier(str(roots[name]), read_threads=a.threads, write_threads=a.threads,
+                                     verify=a.verify == "true", o_direct=a.kvf_o_direct, fsync=a.kvf_fsync)
+            deps[name] = Deployment([tier], tp=tp, replicated=replicated, blocks_per_chunk=1, n_layers=layers,
+                                    tokens_per_block=tpb, width=width, dtype=dtype, model=MODEL,
+                                    num_chunks=a.chunks + 2)
+            t = deps[name].tier()
+            if hasattr(t, "wait_scanned"):
+                t.wait_scanned(30)
+        for rep in range(a.repeats):
+            for name in names:
+                os.sync()  # neither contender pays for the other's (or a previous run's) writeback
+                with Fallback() if name == "kvpy" else contextlib.nullcontext():
+                    r = cycle(deps[name], f"{name}{rep}{tp}{replicated}{nreq}{shape}", a.chunks, nreq, payloads,
+                              roots[name], ".bin" if name == "fs" else ".kvf")
+                for k in ("store", "load"):
+                    res[name][k].append(r[k])
+                gc.collect()
+            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads).items():
+                lim.setdefault(k, []).append(v)
+        files = {n: disk_bytes(roots[n], ".bin" if n == "fs" else ".kvf") for n in roots}
+    finally:
+        for name, d in deps.items():
+            d.close()
+        for r in roots.values():
+            shutil.rmtree(r, ignore_errors=True)
+    mode = "direct" if direct and "write direct" in lim else "buf"
+    wlim, rlim = statistics.median(lim[f"write {mode}"]), statistics.median(lim[f"read {mode}"])
+    calls = {k: CALLS[k] - before[k] for k in CALLS}
+    f, k = res["fs"], res["kvf"]
+    row = "replicated" if replicated else "per_worker"
+    print(f"\n[{medium} {label} ({slot:,} B) TP={tp} {row} requests={nreq}]  built-in calls: "
+          + ", ".join(f"{n} {c}" for n, c in calls.items() if c)
+          + f"; disk/chunk fs {files['fs'][1] / max(1, files['fs'][0]) / 1e6:.2f} MB, "
+            f"kvf {files['kvf'][1] / max(1, files['kvf'][0]) / 1e6:.2f} MB")
+    print("  limits GB/s: " + ", ".join(f"{n} {med(v)}" for n, v in lim.items()) + f"  (frac uses {mode})")
+    for op, limit in (("store", wlim), ("load", rlim)):
+        ratios = [x / y for x, y in zip(k[op], f[op])]
+        print(f"  {op:5} fs {med(f[op])} frac {statistics.median(f[op]) / limit:4.2f} | kvf {med(k[op])} frac "
+              f"{statistics.median(k[op]) / limit:4.2f} | kvf/fs {med(ratios)}", flush=True)
+        if "kvpy" in res:
+            p = res["kvpy"][op]
+            print(f"  {op:5} kvformat pure-Python fallback {med(p)} | kvf/fs {med([x / y for x, y in zip(p, f[op])])}"
+                  f" | native/fallback {med([x / y for x, y in zip(k[op], p)])}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ esac
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0 numpy
-pip install -q -e '.[test,s3]' build
+KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3]' build
 pip install -q --no-deps "vllm==$VLLM_VERSION" xgrammar==0.2.8
 pip install -q -r requirements/vllm-cpu.txt
 # The integration tests import these; fail the setup here rather than let them skip.

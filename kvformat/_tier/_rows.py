@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
 
 import numpy as np
-import xxhash
 
 from .._format import encode_block
 from .._header import check_layout
 from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
 from ..layout import RowPlan
 from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
+from .._io import read_into_fused, write_block_fused
+from .._native import xxh3_64
 from ..storage import Store
+from ..storage._local import LocalStore
 from ._config import TierConfig
 from ._lru import LRUIndex
 from ._pool import BatchWorker
@@ -101,6 +104,11 @@ class RowEngine:
         self._arr: np.ndarray | None = np.frombuffer(flat, dtype=np.uint8) if copies > 1 and len(flat) else None
         self._addr = int(self._arr.ctypes.data) if self._arr is not None else 0
         self._mtimes: dict[str, float] = {}  # relpath -> last known file mtime (written, scanned, touched)
+        # Local buffered stores take the fused paths (one read / one write per chunk, payload hashed in the
+        # same pass: kvformat._native); O_DIRECT reads and remote stores keep the Store calls.
+        # Exactly a LocalStore: a subclass may override put/read_into, and the fused path would bypass it.
+        self._fuse_allowed = os.environ.get("KVFORMAT_NO_FUSED") != "1"
+        self._o_direct = getattr(store, "o_direct", "off") != "off"
         # File mtime is the LRU clock a restart rebuilds from; loads hand their touches to this thread.
         self.toucher = BatchWorker(self._touch_batch, name="kvformat_tier_touch")
 
@@ -178,7 +186,7 @@ class RowEngine:
         payload = self._payload_of(base)
         digests: list[int] | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify":
-            digests = [xxhash.xxh3_64_intdigest(payload if r == 0 else self._payload_of(base + r * self.slot, 1))
+            digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # native: no GIL
                        for r in range(self.copies)]
             if len(set(digests)) != 1:
                 err = ReplicaMismatchError([f"{d:016x}" for d in digests])
@@ -188,13 +196,16 @@ class RowEngine:
                 return REPLICA_MISMATCH, 0
         key = BlockKey(h, self.layout.group)
         prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
+        fuse = self._fused and digests is None and self.cfg.compression == "none"
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
-                                    level=self.cfg.compression_level, payload_xxh3=digests[0] if digests else None)
+                                    level=self.cfg.compression_level,
+                                    payload_xxh3=digests[0] if digests else (0 if fuse else None))
         size = len(hdr) + len(data)
         for _attempt in range(STORE_ATTEMPTS):
             self.delete_victims(self.index.reserve(size))
             try:
-                wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
+                wrote = (self._put_fused(rel, hdr, data) if fuse
+                         else self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync))
             except BaseException:
                 self.index.release(size)
                 raise
@@ -259,6 +270,24 @@ class RowEngine:
             return None
         return int(hdr.file_bytes)
 
+    # -- fused local I/O (kvformat._native) --------------------------------------------------------
+    @property
+    def _fused(self) -> bool:
+        # Checked per call: the store may be swapped (tests) and a subclass's put/read_into must not be bypassed.
+        return self._fuse_allowed and type(self.store) is LocalStore
+
+    def _put_fused(self, rel: str, hdr: bytes, data: Any) -> bool:
+        """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches."""
+        wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
+                                     overwrite=False, o_direct=self._o_direct)
+        return wrote
+
+    def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
+        if self._fused:  # one read of header + payload; dst is ours, zeroed on any failure
+            return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
+                                   verify=self.cfg.verify, o_direct=self._o_direct)
+        return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify)
+
     # -- load ----------------------------------------------------------------------------------
     def load_chunk(self, h: str, chunk_id: int) -> int | None:
         """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
@@ -268,8 +297,7 @@ class RowEngine:
         try:
             dst = self.flat[base:base + self.payload_bytes] if self.plan.contiguous else self._buffer(0)
             try:
-                hdr = self.store.read_into(rel, dst, expect=self.layout, key=BlockKey(h, self.layout.group),
-                                           verify=self.cfg.verify)
+                hdr = self._read_into(rel, dst, BlockKey(h, self.layout.group))
             except FileNotFoundError:
                 self.index.remove(rel)
                 self.counters.add(missing_files=1)

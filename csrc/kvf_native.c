@@ -1,0 +1,218 @@
+/* kvformat._kvfnative: xxh3-64 and fused read/write + hash, GIL released for each whole call.
+ *
+ * Why native: python-xxhash holds the GIL, and hashing a payload after it was copied costs a second trip
+ * through DRAM. Here a file range is moved in cache-sized pieces and each piece is hashed right after it
+ * lands (read) or right before it leaves (write), while it is still in L2. I/O stays at the edges: the hash
+ * takes buffers; the I/O functions take file descriptors and buffers, never paths. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kvf_xxh3.h"
+
+#define DEFAULT_PIECE (256 * 1024)
+
+static PyObject *py_xxh3_64(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    uint64_t h;
+    if (b.len >= 4096) {  /* below that the GIL round trip costs more than the hash */
+        Py_BEGIN_ALLOW_THREADS
+        h = kvf_xxh3_64(b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        h = kvf_xxh3_64(b.buf, (size_t)b.len);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    int prev = kvf_xxh3_path(), want;
+    if (!strcmp(name, "auto")) want = -1;
+    else if (!strcmp(name, "scalar")) want = 0;
+    else if (!strcmp(name, "avx2")) {
+        if (!kvf_xxh3_have_avx2()) { PyErr_SetString(PyExc_ValueError, "this CPU has no AVX2"); return NULL; }
+        want = 1;
+    } else { PyErr_SetString(PyExc_ValueError, "expected 'auto', 'scalar' or 'avx2'"); return NULL; }
+    kvf_xxh3_select(want);
+    return PyUnicode_FromString(prev == 1 ? "avx2" : "scalar");
+}
+
+static PyObject *py_simd(PyObject *self, PyObject *noargs) {
+    return PyUnicode_FromString(kvf_xxh3_path() == 1 ? "avx2" : "scalar");
+}
+
+static PyObject *py_have_avx2(PyObject *self, PyObject *noargs) { return PyBool_FromLong(kvf_xxh3_have_avx2()); }
+
+/* Read exactly len bytes at off (short only at end of file). Returns bytes read or -errno. */
+static ssize_t read_full(int fd, struct iovec *iov, int n, off_t off) {
+    ssize_t total = 0;
+    while (n > 0) {
+        ssize_t r = preadv(fd, iov, n, off + total);
+        if (r < 0) { if (errno == EINTR) continue; return -errno; }
+        if (r == 0) break;
+        total += r;
+        while (n > 0 && (size_t)r >= iov->iov_len) { r -= iov->iov_len; iov++; n--; }
+        if (n > 0) { iov->iov_base = (char *)iov->iov_base + r; iov->iov_len -= r; }
+    }
+    return total;
+}
+
+static ssize_t write_full(int fd, struct iovec *iov, int n, off_t off) {
+    ssize_t total = 0;
+    while (n > 0) {
+        ssize_t r = pwritev(fd, iov, n, off + total);
+        if (r < 0) { if (errno == EINTR) continue; return -errno; }
+        if (r == 0) return -EIO;
+        total += r;
+        while (n > 0 && (size_t)r >= iov->iov_len) { r -= iov->iov_len; iov++; n--; }
+        if (n > 0) { iov->iov_base = (char *)iov->iov_base + r; iov->iov_len -= r; }
+    }
+    return total;
+}
+
+static PyObject *os_error(int err) {
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+PyDoc_STRVAR(pread_hash_doc,
+"pread_hash(fd, head, dst, offset, hash=True, piece=262144) -> (head_read, dst_read, xxh3 or None)\n\n"
+"Read len(head) + len(dst) bytes from fd at offset into head then dst (one preadv for head and dst's first\n"
+"piece, then piece by piece), hashing dst's bytes right after each piece lands. The hash is None when\n"
+"hash is False or dst was not filled (end of file).");
+
+static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"fd", "head", "dst", "offset", "hash", "piece", NULL};
+    int fd, do_hash = 1;
+    Py_buffer head, dst;
+    long long offset;
+    Py_ssize_t piece = DEFAULT_PIECE;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iw*w*L|pn", names, &fd, &head, &dst, &offset, &do_hash, &piece))
+        return NULL;
+    if (piece < 4096) piece = 4096;
+    ssize_t hgot = 0, dgot = 0;
+    int err = 0;
+    uint64_t h = 0;
+    Py_BEGIN_ALLOW_THREADS
+    kvf_xxh3_state st;
+    kvf_xxh3_init(&st, dst.buf, (size_t)dst.len);
+    size_t first = (size_t)dst.len < (size_t)piece ? (size_t)dst.len : (size_t)piece;
+    struct iovec iov[2] = {{head.buf, (size_t)head.len}, {dst.buf, first}};
+    ssize_t r = read_full(fd, iov, 2, (off_t)offset);
+    if (r < 0) err = (int)-r;
+    else {
+        hgot = r < head.len ? r : head.len;
+        dgot = r - hgot;
+        if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
+        off_t pos = (off_t)offset + head.len + dgot;
+        while (!err && dgot == (ssize_t)first && dgot < dst.len) {
+            size_t n = (size_t)(dst.len - dgot) < (size_t)piece ? (size_t)(dst.len - dgot) : (size_t)piece;
+            struct iovec one = {(char *)dst.buf + dgot, n};
+            r = read_full(fd, &one, 1, pos);
+            if (r < 0) { err = (int)-r; break; }
+            dgot += r;
+            pos += r;
+            if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
+            if ((size_t)r < n) break;
+            first = (size_t)dgot;  /* keep looping while every piece came back whole */
+        }
+        if (!err && do_hash && dgot == dst.len) h = kvf_xxh3_digest(&st);
+    }
+    Py_END_ALLOW_THREADS
+    Py_ssize_t dlen = dst.len;
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&dst);
+    if (err) return os_error(err);
+    if (do_hash && dgot == dlen) return Py_BuildValue("nnK", (Py_ssize_t)hgot, (Py_ssize_t)dgot, (unsigned long long)h);
+    return Py_BuildValue("nnO", (Py_ssize_t)hgot, (Py_ssize_t)dgot, Py_None);
+}
+
+static void put_hex(char *out, uint64_t v) {
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--) { out[i] = digits[v & 15]; v >>= 4; }
+}
+
+PyDoc_STRVAR(pwrite_hash_doc,
+"pwrite_hash(fd, header, payload, dxxh3_pos, hxxh3_pos, offset=0, piece=262144) -> (dxxh3, hxxh3)\n\n"
+"Write one kvformat file (header region then payload) at offset. The payload goes out piece by piece, each\n"
+"hashed just before its write; then the payload's xxh3 is put as 16 hex digits at header[dxxh3_pos:], the\n"
+"header checksum (with its own 16 digits as '0') at header[hxxh3_pos:], and the header is written. header is\n"
+"not modified (a copy is patched). Returns both checksums as ints.");
+
+static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"fd", "header", "payload", "dxxh3_pos", "hxxh3_pos", "offset", "piece", NULL};
+    int fd;
+    Py_buffer hb, pb;
+    Py_ssize_t dpos, hpos, piece = DEFAULT_PIECE;
+    long long offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iy*y*nn|Ln", names, &fd, &hb, &pb, &dpos, &hpos, &offset, &piece))
+        return NULL;
+    if (dpos < 0 || hpos < 0 || dpos + 16 > hb.len || hpos + 16 > hb.len || (dpos < hpos + 16 && hpos < dpos + 16)) {
+        PyBuffer_Release(&hb); PyBuffer_Release(&pb);
+        PyErr_SetString(PyExc_ValueError, "checksum positions outside the header or overlapping");
+        return NULL;
+    }
+    if (piece < 4096) piece = 4096;
+    /* page-aligned: the fd may be O_DIRECT (the payload then is the caller's aligned row) */
+    char *hdr = NULL;
+    if (posix_memalign((void **)&hdr, 4096, (size_t)hb.len ? (size_t)hb.len : 1)) hdr = NULL;
+    if (!hdr) { PyBuffer_Release(&hb); PyBuffer_Release(&pb); return PyErr_NoMemory(); }
+    int err = 0;
+    uint64_t dh = 0, hh = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(hdr, hb.buf, (size_t)hb.len);
+    kvf_xxh3_state st;
+    kvf_xxh3_init(&st, pb.buf, (size_t)pb.len);
+    size_t done = 0, len = (size_t)pb.len;
+    while (done < len) {
+        size_t n = len - done < (size_t)piece ? len - done : (size_t)piece;
+        kvf_xxh3_update(&st, done + n);
+        struct iovec one = {(char *)pb.buf + done, n};
+        ssize_t r = write_full(fd, &one, 1, (off_t)(offset + hb.len + (long long)done));
+        if (r < 0) { err = (int)-r; break; }
+        done += n;
+    }
+    if (!err) {
+        dh = kvf_xxh3_digest(&st);
+        put_hex(hdr + dpos, dh);
+        memset(hdr + hpos, '0', 16);
+        hh = kvf_xxh3_64(hdr, (size_t)hb.len);
+        put_hex(hdr + hpos, hh);
+        struct iovec one = {hdr, (size_t)hb.len};
+        ssize_t r = write_full(fd, &one, 1, (off_t)offset);
+        if (r < 0) err = (int)-r;
+    }
+    Py_END_ALLOW_THREADS
+    free(hdr);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&pb);
+    if (err) return os_error(err);
+    return Py_BuildValue("KK", (unsigned long long)dh, (unsigned long long)hh);
+}
+
+static PyMethodDef methods[] = {
+    {"xxh3_64", py_xxh3_64, METH_O, "xxh3_64(buffer) -> int: XXH3-64, seed 0, default secret."},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' or 'scalar': the accumulate kernel in use."},
+    {"set_simd", py_set_simd, METH_O, "set_simd('auto'|'scalar'|'avx2') -> the previous kernel's name."},
+    {"have_avx2", py_have_avx2, METH_NOARGS, "have_avx2() -> whether this CPU runs the AVX2 kernel."},
+    {"pread_hash", (PyCFunction)(void (*)(void))py_pread_hash, METH_VARARGS | METH_KEYWORDS, pread_hash_doc},
+    {"pwrite_hash", (PyCFunction)(void (*)(void))py_pwrite_hash, METH_VARARGS | METH_KEYWORDS, pwrite_hash_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kvfnative",
+    "Native xxh3-64 and fused read/write + hash for kvformat (see kvformat._native).", -1, methods};
+
+PyMODINIT_FUNC PyInit__kvfnative(void) {
+    kvf_xxh3_select(-1);
+    return PyModule_Create(&module);
+}

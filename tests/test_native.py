@@ -1,0 +1,170 @@
+"""The native extension against python-xxhash and the pure-Python fallback (both paths, both SIMD kernels)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import xxhash
+
+from kvformat import _native
+
+N = _native._native  # the compiled module, or None
+needs_native = pytest.mark.skipif(N is None, reason="kvformat._kvfnative not built (test_native_is_built says why)")
+KERNELS = ["scalar", "avx2"] if N is not None and N.have_avx2() else ["scalar"]
+RNG = random.Random(1313)
+DATA = bytes(RNG.getrandbits(8) for _ in range(1 << 16)) + os.urandom(1 << 16)
+
+
+def test_native_is_built() -> None:
+    """In CI (CI=true or KVFORMAT_REQUIRE_NATIVE=1) a missing extension fails here, never a silent fallback;
+    elsewhere the extension is in use exactly when its shared object sits in the package."""
+    import glob
+
+    import kvformat
+
+    if os.environ.get("KVFORMAT_NO_NATIVE") == "1":
+        assert not _native.HAVE_NATIVE and N is None
+        return
+    if os.environ.get("KVFORMAT_REQUIRE_NATIVE") == "1" or os.environ.get("CI") == "true":
+        assert _native.HAVE_NATIVE, "the C extension kvformat._kvfnative did not build or import"
+    built = glob.glob(os.path.join(os.path.dirname(kvformat.__file__), "_kvfnative*.so"))
+    assert _native.HAVE_NATIVE == bool(built), built
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    prev = N.set_simd(request.param)
+    assert N.simd() == request.param
+    yield request.param
+    N.set_simd(prev)
+
+
+@needs_native
+def test_every_length_to_4096(kernel: str) -> None:
+    for n in range(4097):
+        assert N.xxh3_64(DATA[:n]) == xxhash.xxh3_64_intdigest(DATA[:n]), n
+
+
+@needs_native
+def test_unaligned_and_large(kernel: str) -> None:
+    mv = memoryview(DATA)
+    for n in (240, 241, 1023, 1024, 1025, 1088, 1089, 16384, 65535, len(DATA) - 8):
+        for off in range(8):
+            assert N.xxh3_64(mv[off:off + n]) == xxhash.xxh3_64_intdigest(mv[off:off + n]), (n, off)
+    big = os.urandom(4_497_408 + 77)
+    for n in [RNG.randrange(4097, len(big)) for _ in range(20)] + [4_497_408, 3_076_352]:
+        assert N.xxh3_64(big[:n]) == xxhash.xxh3_64_intdigest(big[:n]), n
+
+
+@needs_native
+def test_kernels_agree_and_fallback_agrees() -> None:
+    buf = os.urandom(1 << 20)
+    want = xxhash.xxh3_64_intdigest(buf)
+    got = set()
+    for k in KERNELS:
+        prev = N.set_simd(k)
+        got.add(N.xxh3_64(buf))
+        N.set_simd(prev)
+    assert got == {want} and _native._py_xxh3_64(buf) == want
+    with pytest.raises(ValueError):
+        N.set_simd("sse9")
+
+
+def _impls() -> list:  # type: ignore[type-arg]
+    out = [("python", _native._py_pread_hash, _native._py_pwrite_hash)]
+    if N is not None:
+        out.append(("native", N.pread_hash, N.pwrite_hash))
+    return out
+
+
+@pytest.mark.parametrize("name,pread_hash,pwrite_hash", _impls(), ids=[i[0] for i in _impls()])
+@pytest.mark.parametrize("size", [0, 100, 4096, 300_000, 4_497_408])
+def test_fused_write_then_read(name: str, pread_hash, pwrite_hash, size: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    header = bytearray(b"H" * 8192)
+    header[40:56] = b"X" * 16  # where the payload checksum goes
+    header[100:116] = b"Y" * 16  # where the header checksum goes
+    payload = os.urandom(size)
+    p = tmp_path / "f"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        dh, hh = pwrite_hash(fd, bytes(header), payload, 40, 100, piece=65536) if name == "native" else \
+            pwrite_hash(fd, bytes(header), payload, 40, 100)
+        assert dh == xxhash.xxh3_64_intdigest(payload)
+        on_disk = p.read_bytes()
+        assert len(on_disk) == 8192 + size and on_disk[8192:] == payload
+        assert on_disk[40:56] == f"{dh:016x}".encode() and on_disk[100:116] == f"{hh:016x}".encode()
+        zeroed = on_disk[:100] + b"0" * 16 + on_disk[116:8192]
+        assert hh == xxhash.xxh3_64_intdigest(zeroed)
+        head, dst = bytearray(8192), bytearray(size)
+        assert pread_hash(fd, head, dst, 0) == (8192, size, dh)
+        assert bytes(head) == on_disk[:8192] and bytes(dst) == payload
+        assert pread_hash(fd, head, dst, 0, hash=False)[2] is None
+        if size:  # a file shorter than asked: counts say so, no hash
+            short = bytearray(size + 1)
+            assert pread_hash(fd, bytearray(8192), short, 0) == (8192, size, None)
+    finally:
+        os.close(fd)
+
+
+@needs_native
+def test_pread_hash_pieces_and_offsets(kernel: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = os.urandom(1_000_003)
+    p = tmp_path / "g"
+    p.write_bytes(data)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        for piece in (4096, 65536, 262144, 1 << 20, 1 << 22):
+            for off, hl in ((0, 0), (3, 5), (4096, 4096), (999_000, 0)):
+                dst = bytearray(len(data) - off - hl)
+                head = bytearray(hl)
+                got = N.pread_hash(fd, head, dst, off, piece=piece)
+                assert got == (hl, len(dst), xxhash.xxh3_64_intdigest(data[off + hl:])), (piece, off)
+                assert dst == data[off + hl:]
+    finally:
+        os.close(fd)
+
+
+@needs_native
+def test_os_errors_pass_through(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    fd = os.open(tmp_path / "h", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError):  # EBADF: not opened for reading
+            N.pread_hash(fd, bytearray(8), bytearray(8), 0)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        N.pwrite_hash(fd, b"h" * 64, b"p", 0, 16)  # closed fd
+    with pytest.raises(ValueError):
+        N.pwrite_hash(0, b"h" * 20, b"p", 0, 8)  # overlapping checksum fields
+
+
+def test_no_native_env_forces_fallback() -> None:
+    """A subprocess with KVFORMAT_NO_NATIVE=1 runs a real save/read round trip on the fallback."""
+    code = (
+        "import os, kvformat as K, kvformat._native as n, kvformat._header as h\n"
+        "assert not n.HAVE_NATIVE and n.simd() == 'python-xxhash', n.simd()\n"
+        "assert 'xxhash' in h.xxh3_hex.__code__.co_names, 'the native xxh3_hex is in use'\n"
+        "L = K.CanonicalLayout.uniform('m', 'bfloat16', ['l0', 'l1'], 4, 8)\n"
+        "p = os.path.join(os.environ['D'], 'b.kvf'); data = os.urandom(L.payload_bytes)\n"
+        "K.save_file(data, p, L, K.BlockKey('ab' * 8)); out = bytearray(L.payload_bytes)\n"
+        "K.read_into(p, out, expect=L, key=K.BlockKey('ab' * 8)); assert out == data\n"
+        "print('fallback-ok')\n")
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "KVFORMAT_NO_NATIVE": "1", "D": d}
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "fallback-ok" in r.stdout, r.stderr
+
+
+def test_fused_io_suite_on_the_fallback() -> None:
+    """tests/test_native_io.py again in a subprocess with KVFORMAT_NO_NATIVE=1: CI runs both paths."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "KVFORMAT_NO_NATIVE": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(here, "test_native_io.py"), os.path.join(here, "test_native.py") + "::test_native_is_built"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

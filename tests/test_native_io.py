@@ -1,0 +1,150 @@
+"""The fused one-read / one-write paths (kvformat._io.read_into_fused, write_block_fused), native or not."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import xxhash
+
+import kvformat as K
+from kvformat import _io, _native, errors
+from kvformat._format import encode_block
+
+L = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", [f"model.layers.{i}.self_attn.attn" for i in range(3)],
+                              64, 576)
+KEY = K.BlockKey("5e" * 32)
+
+
+def _fused_file(path: str, payload: bytes, *, overwrite: bool = True) -> tuple[bool, str]:
+    hdr, data, _ = encode_block(payload, L, KEY, payload_xxh3=0)
+    assert b'"kvf.dxxh3":"0000000000000000"' in hdr
+    return _io.write_block_fused(path, hdr, data, overwrite=overwrite)
+
+
+def test_fused_write_is_byte_identical_to_save_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pay = os.urandom(L.payload_bytes)
+    prov = K.Provenance(writer="t", created=5)
+    hdr, data, _ = encode_block(pay, L, KEY, provenance=prov, payload_xxh3=0)
+    a, b = str(tmp_path / "sub" / "a.kvf"), str(tmp_path / "b.kvf")  # "sub": the directory is created
+    assert _io.write_block_fused(a, hdr, data) == (True, xxhash.xxh3_64_hexdigest(pay))
+    K.save_file(pay, b, L, KEY, provenance=prov)
+    assert open(a, "rb").read() == open(b, "rb").read()
+    assert not [n for n in os.listdir(tmp_path / "sub") if n.startswith(_io.TMP_PREFIX)]
+    # first writer wins: a second fused write with overwrite=False leaves the file alone
+    assert _fused_file(a, os.urandom(L.payload_bytes), overwrite=False)[0] is False
+    assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_fused_read_round_trip_and_header(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pay = os.urandom(L.payload_bytes)
+    p = str(tmp_path / "r.kvf")
+    _fused_file(p, pay)
+    out = bytearray(L.payload_bytes + 100)  # larger than the payload: only the first raw bytes are written
+    out[-100:] = b"\x09" * 100
+    hdr = _io.read_into_fused(p, out, expect=L, key=KEY)
+    assert out[:L.payload_bytes] == pay and out[-100:] == b"\x09" * 100
+    assert hdr == K.read_header(p) and hdr.data_xxh3 == xxhash.xxh3_64_hexdigest(pay)
+    assert _io.read_into_fused(p, bytearray(L.payload_bytes), expect=L, verify=False).key == KEY
+
+
+def test_fused_read_zero_fills_on_every_failure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pay = os.urandom(L.payload_bytes)
+    p = tmp_path / "c.kvf"
+    _fused_file(str(p), pay)
+    good = p.read_bytes()
+    hl = len(good) - L.payload_bytes
+    rng = random.Random(7)
+    for bit in [rng.randrange(hl * 8) for _ in range(40)] + [hl * 8 + rng.randrange(L.payload_bytes * 8) for _ in range(40)]:
+        bad = bytearray(good)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        p.write_bytes(bad)
+        out = bytearray(b"\x55" * L.payload_bytes)
+        with pytest.raises(errors.KVFormatError) as fused:
+            _io.read_into_fused(p, out, expect=L, key=KEY)
+        assert out == bytearray(L.payload_bytes), bit  # zeroed, never the file's bytes
+        with pytest.raises(errors.KVFormatError) as plain:
+            K.read_into(p, bytearray(L.payload_bytes), expect=L, key=KEY)
+        assert type(fused.value) is type(plain.value) and fused.value.path == str(p), bit
+    p.write_bytes(good)
+    out = bytearray(b"\x55" * L.payload_bytes)
+    with pytest.raises(errors.LayoutMismatchError):
+        _io.read_into_fused(p, out, expect=L, key=K.BlockKey("00" * 32))
+    assert out == bytearray(L.payload_bytes)
+    p.write_bytes(good[:-1])  # truncated: the size guess no longer fits, read_into decides
+    with pytest.raises(errors.KVFormatError):
+        _io.read_into_fused(p, bytearray(L.payload_bytes), expect=L, key=KEY)
+
+
+def test_fused_read_falls_back_for_compressed_and_other_layouts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pay = bytes(L.payload_bytes)  # compressible
+    p = tmp_path / "z.kvf"
+    K.save_file(pay, p, L, KEY, codec="zstd")
+    out = bytearray(b"\x01" * L.payload_bytes)
+    assert _io.read_into_fused(p, out, expect=L, key=KEY).codec == "zstd" and out == pay
+    other = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", ["a"], 64, 576)
+    with pytest.raises(errors.LayoutMismatchError):
+        _io.read_into_fused(p, bytearray(L.payload_bytes), expect=other)
+
+
+def test_header_hash_matches_fallback() -> None:
+    from kvformat import _header
+
+    buf = os.urandom(100_000)
+    assert _header.xxh3_hex(buf) == xxhash.xxh3_64_hexdigest(buf)
+    assert ("xxhash" in _header.xxh3_hex.__code__.co_names) == (not _native.HAVE_NATIVE)
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_fused_read_o_direct(tmp_path, where: str) -> None:  # type: ignore[no-untyped-def]
+    """O_DIRECT one-read into a page-aligned destination (a row of the tier), and the buffered fall-backs."""
+    import mmap
+    import tempfile
+
+    d = tempfile.mkdtemp(dir="/dev/shm") if where == "shm" else str(tmp_path)
+    try:
+        pay = os.urandom(L.payload_bytes)
+        assert L.payload_bytes % 4096 == 0
+        p = os.path.join(d, "d.kvf")
+        _fused_file(p, pay)
+        row = memoryview(mmap.mmap(-1, L.payload_bytes + 4096))
+        assert _io.read_into_fused(p, row, expect=L, key=KEY, o_direct=True).key == KEY
+        assert row[:L.payload_bytes] == pay
+        odd = row[1:1 + L.payload_bytes]  # unaligned: buffered, same result
+        assert _io.read_into_fused(p, odd, expect=L, key=KEY, o_direct=True).key == KEY and odd == pay
+        bad = bytearray(open(p, "rb").read())
+        bad[-5] ^= 0x10
+        open(p, "wb").write(bad)
+        with pytest.raises(errors.ChecksumError):
+            _io.read_into_fused(p, row, expect=L, key=KEY, o_direct=True)
+        assert row[:L.payload_bytes] == bytes(L.payload_bytes)
+    finally:
+        if where == "shm":
+            import shutil
+
+            shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_fused_write_o_direct_is_byte_identical(tmp_path, where: str) -> None:  # type: ignore[no-untyped-def]
+    import mmap
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(dir="/dev/shm") if where == "shm" else str(tmp_path)
+    try:
+        pay = os.urandom(L.payload_bytes)
+        row = memoryview(mmap.mmap(-1, L.payload_bytes + 4096))
+        row[:L.payload_bytes] = pay
+        prov = K.Provenance(writer="t", created=9)
+        for name, src in (("aligned", row[:L.payload_bytes]), ("unaligned", memoryview(bytearray(b"\0" + pay))[1:])):
+            hdr, data, _ = encode_block(src, L, KEY, provenance=prov, payload_xxh3=0)
+            a = os.path.join(d, f"{name}.kvf")
+            assert _io.write_block_fused(a, hdr, data, o_direct=True, fsync=True) == (True, xxhash.xxh3_64_hexdigest(pay))
+            b = os.path.join(d, "ref.kvf")
+            K.save_file(pay, b, L, KEY, provenance=prov)
+            assert open(a, "rb").read() == open(b, "rb").read(), name
+    finally:
+        if where == "shm":
+            shutil.rmtree(d)
