@@ -32,7 +32,7 @@ def xxh3_hex(data: Any) -> str:
 
 
 if _native.HAVE_NATIVE:  # GIL released for payload-sized inputs; python-xxhash holds it
-    _nx = _native.xxh3_64
+    _nx: Any = _native.xxh3_64
 
     def xxh3_hex(data: Any) -> str:  # noqa: F811 (same function, the native hash)
         """xxh3-64 of a bytes-like object as 16 lowercase hex digits (spec §5)."""
@@ -295,7 +295,8 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")  # F-4.9
     if codec != "none" and data_bytes > MAX_PAYLOAD_BYTES + (MAX_PAYLOAD_BYTES >> 7) + (1 << 20):
         raise OversizedHeaderError("compressed data bytes", MAX_PAYLOAD_BYTES, data_bytes)
-    extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > len(_KNOWN) - len(_OPTIONAL_KEYS) - 3 else {}  # F-7.2
+    min_keys = len(_KNOWN) - len(_OPTIONAL_KEYS) - 3  # less level, raw_xxh3, layers (zstd only)
+    extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > min_keys else {}  # F-7.2
     return BlockHeader(version=version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=data_offset, data_bytes=data_bytes, raw_bytes=layout.payload_bytes,
                        header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra)
@@ -402,7 +403,8 @@ def check_layout(found: CanonicalLayout, expected: CanonicalLayout) -> None:
         if a != b:  # names, dtypes and shapes first; then the role and true KV dtype (§4.3)
             if a.to_list() != b.to_list():
                 raise LayoutMismatchError(f"layers[{i}]", a.to_list(), b.to_list())
-            raise LayoutMismatchError(f"layers[{i}].role", a.role_entry(expected.kv_dtype), b.role_entry(found.kv_dtype))
+            raise LayoutMismatchError(f"layers[{i}].role", a.role_entry(expected.kv_dtype),
+                                      b.role_entry(found.kv_dtype))
 
 
 __all__ = ["encode_header", "decode_header", "header_length", "xxh3_hex", "check_layout"]

@@ -625,7 +625,8 @@ def _head_buffer(n: int) -> memoryview:
         import mmap
 
         bufs[n] = memoryview(mmap.mmap(-1, n))  # anonymous mappings are page-aligned
-    return bufs[n]
+    buf: memoryview = bufs[n]
+    return buf
 
 
 def _addr(mv: memoryview) -> int:

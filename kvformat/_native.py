@@ -17,7 +17,9 @@ PIECE = 256 * 1024  # read/write piece: hashed while it is still in L2 (tools/be
 _native: Any = None
 if os.environ.get("KVFORMAT_NO_NATIVE") != "1":
     try:
-        from . import _kvfnative as _native
+        import importlib
+
+        _native = importlib.import_module("kvformat._kvfnative")
     except ImportError:  # not built (no compiler at install time): the fallback below
         _native = None
 

@@ -313,7 +313,7 @@ class CanonicalLayout:
         return self._namespace
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
+        d: dict[str, Any] = {
             "model": self.model, "revision": self.revision, "kv_dtype": self.kv_dtype, "family": self.family,
             "tokens_per_block": self.tokens_per_block, "blocks_per_chunk": self.blocks_per_chunk,
             "tokens_per_hash": self.tokens_per_hash, "group": self.group,

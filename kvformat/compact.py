@@ -267,6 +267,7 @@ class _Compactor:
 
 _PAGE = mmap.PAGESIZE
 _RESIDENT = bytes(i for i in range(256) if i & 1)
+_mincore: Any
 try:
     _mincore = ctypes.CDLL(None, use_errno=True).mincore
     _mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
@@ -338,8 +339,8 @@ def check_destination(src: str, dst: str) -> None:
     ``--delete-source`` would delete the only copy of the cache.
     """
     if "://" in dst and not dst.startswith("file://"):
-        import fsspec  # type: ignore[import-untyped]
-        from fsspec.implementations.memory import MemoryFileSystem  # type: ignore[import-untyped]
+        import fsspec
+        from fsspec.implementations.memory import MemoryFileSystem
 
         proto = dst.split("://", 1)[0]
         try:

@@ -262,8 +262,8 @@ def _group_layer_facts(facts: DeploymentFacts, g: GroupFacts) -> tuple[list[Laye
         if total % len(names):
             return None, f"{total} bytes per block do not split into {len(names)} equal pages"
         page = total // len(names)
-        lf = formula_layer("x", ROLE_MLA, facts.kv_dtype, tpb, page)
-        if lf is None:
+        known = formula_layer("x", ROLE_MLA, facts.kv_dtype, tpb, page)
+        if known is None:
             # An unknown width is still one uniform page per layer: describe it as bytes, not as values.
             st = st_dtype_for(facts.kv_dtype)
             item = _ITEMSIZE.get(st, 1)
@@ -271,10 +271,10 @@ def _group_layer_facts(facts: DeploymentFacts, g: GroupFacts) -> tuple[list[Laye
                 st, item = "U8", 1
             if page % tpb:
                 return None, f"a {page}-byte page does not split into {tpb} tokens"
-            shape = (tpb, page // (tpb * item))
+            shape: tuple[int, ...] = (tpb, page // (tpb * item))
             kvd = facts.kv_dtype
         else:
-            st, shape, kvd = lf.st_dtype, lf.shape, lf.kv_dtype
+            st, shape, kvd = known.st_dtype, known.shape, known.kv_dtype
         return [LayerFacts(n, ROLE_MLA, kvd, st, shape, page) for n in names], "uniform pages"
     idx_page = PACKED_DTYPES["dsa_indexer_fp8"][0] * tpb
     rest = total - n_idx * idx_page
@@ -350,7 +350,9 @@ def _plan_group(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, Laye
 def _coalesce(runs: list[tuple[int, int, int, int, int, int]]) -> tuple[tuple[int, int, int, int, int, int], ...]:
     out: list[tuple[int, int, int, int, int, int]] = []
     for r in runs:
-        if out and out[-1][3] == 1 and r[3] == 1 and out[-1][0] + out[-1][2] == r[0] and out[-1][1] + out[-1][2] == r[1]:
+        prev = out[-1] if out else None
+        if (prev is not None and prev[3] == 1 and r[3] == 1 and prev[0] + prev[2] == r[0]
+                and prev[1] + prev[2] == r[1]):
             so, po, nb, _, _, _ = out[-1]
             n = nb + r[2]
             out[-1] = (so, po, n, 1, n, n)

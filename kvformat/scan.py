@@ -51,7 +51,7 @@ class NamespaceStats:
     bytes: int = 0
     raw: int = 0
     data: int = 0
-    tps: Counter = field(default_factory=Counter)
+    tps: Counter[int] = field(default_factory=Counter)
     corrupt: int = 0
     oldest: float | None = None
     newest: float | None = None
@@ -280,7 +280,8 @@ def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]
 def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
     many = getattr(store, "read_many_into", None)
     if many is not None:
-        return many(items, verify=True)
+        got: list[BlockHeader | BaseException] = many(items, verify=True)
+        return got
     out: list[BlockHeader | BaseException] = []
     for r, buf, _ in items:
         try:
@@ -355,20 +356,23 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
         return True
 
     for chunk in _chunks(entries, _BATCH):
-        good = [(e, h) for e, h in zip(chunk, _headers(store, [e.relpath for e in chunk])) if sort(e, h)]
+        # sort() keeps only entries whose header read gave a BlockHeader
+        good: list[tuple[Any, BlockHeader]] = [
+            (e, h) for e, h in zip(chunk, _headers(store, [e.relpath for e in chunk]))
+            if sort(e, h) and isinstance(h, BlockHeader)]
         if not verify:
             for e, h in good:
-                ok(e, h)  # type: ignore[arg-type]
+                ok(e, h)
             continue
         while good:  # payload rounds bounded in bytes held at once
             take, held = 0, 0
             while take < len(good) and (take == 0 or held + good[take][1].raw_bytes <= _VERIFY_BATCH_BYTES):
-                held += good[take][1].raw_bytes  # type: ignore[union-attr]
+                held += good[take][1].raw_bytes
                 take += 1
             part, good = good[:take], good[take:]
-            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part])  # type: ignore[union-attr]
+            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part])
             for (e, _), r in zip(part, res):
-                if sort(e, r):
+                if sort(e, r) and isinstance(r, BlockHeader):
                     ok(e, r)
                 if progress is not None:
                     progress.update(e.size)

@@ -51,7 +51,8 @@ from vllm.v1.kv_offload.tiering.base import (
 from . import __version__
 from ._spec import FILE_SUFFIX, CanonicalLayout, Provenance
 from .layout import (
-    ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, RowPlan, formula_layer, plan_groups, role_from_name,
+    ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, RowPlan, formula_layer, plan_groups,
+    role_from_name,
 )
 from ._tier._config import TierConfig
 from ._tier._lru import LRUIndex
@@ -101,7 +102,7 @@ def _vllm_context(cfg: Any) -> tuple[Any, Any]:
 
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-    f = sys._getframe(1)
+    f: Any = sys._getframe(1)
     vc: Any = None
     for _ in range(64):
         if f is None:
@@ -136,13 +137,13 @@ def _facts_from_kv_config(kc: Any, cfg: Any) -> tuple[dict[str, LayerFacts], dic
     """
     from vllm.v1.kv_cache_interface import MLAAttentionSpec, UniformTypeKVCacheSpecs
 
-    try:
-        from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
-    except ImportError:  # vLLM 0.33
-        SlidingWindowMLASpec = ()  # type: ignore[assignment,misc]
+    import vllm.v1.kv_cache_interface as kvi
+
+    SlidingWindowMLASpec: Any = getattr(kvi, "SlidingWindowMLASpec", None)  # vLLM 0.34
     tensor_of: dict[str, tuple[Any, int]] = {}
     for t in kc.kv_cache_tensors:
-        for i, n in enumerate(getattr(t, "layers", None) or getattr(t, "shared_by", ())):
+        names: Any = getattr(t, "layers", None) or getattr(t, "shared_by", ())
+        for i, n in enumerate(names):
             tensor_of[n] = (t, i)
     mla_types = (MLAAttentionSpec, SlidingWindowMLASpec) if SlidingWindowMLASpec else (MLAAttentionSpec,)
     all_specs = True  # every layer's own spec was in the config (none came from placement + formulas)
@@ -170,7 +171,7 @@ def _facts_from_kv_config(kc: Any, cfg: Any) -> tuple[dict[str, LayerFacts], dic
     return out, kinds, all_specs
 
 
-def _layer_fact(n: str, spec: Any, t: Any, i: int, tpb: int, kv_dtype: str, mla_types: tuple[type, ...]
+def _layer_fact(n: str, spec: Any, t: Any, i: int, tpb: int, kv_dtype: str, mla_types: tuple[Any, ...]
                 ) -> LayerFacts | str:
     """A layer's facts, or the group kind that refuses it (a non-MLA spec)."""
     gpu_offset = t.offset + i * t.layer_stride if t is not None and t.layer_stride is not None else None
@@ -275,8 +276,8 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
     else:
         row, copies = "per_worker", max(1, par.world_size)
     groups = tuple(GroupFacts(g.group_id, g.tokens_per_block, tuple(g.layer_names),
-                              kinds.get(g.group_id, "sliding_window" if getattr(g, "sliding_window_size_in_chunks", None)
-                                        else "full"))
+                              kinds.get(g.group_id, "sliding_window"
+                                        if getattr(g, "sliding_window_size_in_chunks", None) else "full"))
                    for g in cfg.groups)
     return DeploymentFacts(model=cfg.model.name, kv_dtype=cfg.model.dtype, tokens_per_hash=cfg.cache.tokens_per_hash,
                            blocks_per_chunk=spec.blocks_per_chunk, worker_bytes_per_block=cfg.worker_kv_bytes_per_block,
@@ -285,7 +286,8 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
                            replicated_kv_known=known)
 
 
-def derive_plans(spec: "OffloadingSpec", revision: str | None = None, **kw: Any) -> tuple[dict[int, RowPlan], DeploymentFacts]:
+def derive_plans(spec: "OffloadingSpec", revision: str | None = None,
+                 **kw: Any) -> tuple[dict[int, RowPlan], DeploymentFacts]:
     """One :class:`~kvformat.layout.RowPlan` per KV-cache group of ``spec`` and the facts behind them."""
     facts = deployment_facts(spec, revision, **kw)
     return plan_groups(facts), facts
@@ -411,7 +413,7 @@ class KVFormatTier(SecondaryTierManager):
                           writer=f"kvformat {__version__} (vllm tier)")
         self._flat = primary_kv_view.cast("B")
         self.index = LRUIndex(self.config.max_bytes)
-        self.engines = {}
+        self.engines: dict[int, RowEngine] = {}
         for g, plan in self.plans.items():
             shared = self.engines[first] if self.engines else None
             self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
@@ -630,7 +632,7 @@ class KVFormatTier(SecondaryTierManager):
         counts = [getattr(req_context, a, None) for a in
                   ("num_computed_tokens", "num_in_flight_tokens", "num_prompt_tokens", "num_tokens")]
         if None not in counts:
-            computed, in_flight, prompt, total = counts
+            computed, in_flight, prompt, total = (int(c) for c in counts if c is not None)
             done = min(max(0, computed - in_flight), max(prompt, total - 1))
         # Deepest chunk first, so a request's shortest prefix ends up most recent: a longer prefix is
         # useless without the chunks before it, so those are the last to go.

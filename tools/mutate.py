@@ -101,7 +101,8 @@ HAND = [
      "    pass", "invalidate() is a no-op"),
     ("F-5.5", "kvformat/_io.py", "        invalidate(dst)  # F-5.5: never leave partly read",
      "        pass  # F-5.5: never leave partly read", "the read pipeline does not zero on failure"),
-    ("odirect", "kvformat/_io.py", "        if not self.o_direct:\n            return _read_exact(self.fd, dst, offset)",
+    ("odirect", "kvformat/_io.py",
+     "        if not self.o_direct:\n            return _read_exact(self.fd, dst, offset)",
      "        if True:\n            return _read_exact(self.fd, dst, offset)", "the O_DIRECT branch never runs"),
 ]
 

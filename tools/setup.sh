@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0 numpy
 KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3]' build
 pip install -q --no-deps "vllm==$VLLM_VERSION" xgrammar==0.2.8
-pip install -q -r requirements/vllm-cpu.txt
+pip install -q -r requirements/vllm-cpu.txt -r requirements/lint.txt
 # The integration tests import these; fail the setup here rather than let them skip.
 python - "$VLLM_VERSION" <<'PY'
 import sys

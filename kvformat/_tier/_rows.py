@@ -93,9 +93,9 @@ class RowEngine:
         self.index = index
         self.on_removed = on_removed
         # Engines of one tier (one per KV-cache group) share counters and log-once state.
-        self.counters = share.counters if share is not None else Counters()
+        self.counters: Counters = share.counters if share is not None else Counters()
         self._warned: set[str] = share._warned if share is not None else set()
-        self._warn_lock = share._warn_lock if share is not None else threading.Lock()
+        self._warn_lock: threading.Lock = share._warn_lock if share is not None else threading.Lock()
         self._scratch = threading.local()
         if copies * self.slot > stride:
             raise ValueError(f"{copies} slots of {self.slot} bytes do not fit a primary row of {stride} bytes")
@@ -233,7 +233,8 @@ class RowEngine:
         bufs = getattr(self._scratch, "bufs", None)
         if bufs is None:
             bufs = self._scratch.bufs = [memoryview(bytearray(self.payload_bytes)) for _ in range(2)]
-        return bufs[i]
+        buf: memoryview = bufs[i]
+        return buf
 
     def _payload_of(self, slot_base: int, scratch: int = 0) -> memoryview:
         """The canonical payload of the slot at ``slot_base``: a view of the row when the plan keeps it
@@ -325,7 +326,7 @@ class RowEngine:
                 self._mtimes[rel] = now
                 self.toucher.submit(rel)  # off the load's path: a touch is a server-side copy on S3
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
-            return hdr.file_bytes
+            return int(hdr.file_bytes)
         finally:
             self.index.unpin(rel)
 

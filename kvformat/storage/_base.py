@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import abc
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -104,7 +105,7 @@ class Store(abc.ABC):
         if not relpath or relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"path {relpath!r} leaves the store root")
 
-    def _noted(self, relpath: str, present: bool) -> None:
+    def _noted(self, relpath: str, present: bool) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Hook: an operation just learned whether ``relpath`` exists (remote stores cache it)."""
 
     def _live(self) -> None:
@@ -162,7 +163,8 @@ class Store(abc.ABC):
         res: builtins.list[BlockHeader | BaseException | None] = [None] * len(items)
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
-            res[i] = self._one(rel, src, lambda s: read_payload_from(s, out, expect=expect, key=key, verify=verify))
+            res[i] = self._one(rel, src, functools.partial(_read_payload, out=out, expect=expect, key=key,
+                                                           verify=verify))
         return res  # type: ignore[return-value]
 
     def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
@@ -297,3 +299,8 @@ class Store(abc.ABC):
 
 
 __all__ = ["Store", "StoreEntry", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]
+
+
+def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool) -> BlockHeader:
+    # One bound call per item (a lambda in the loop would see the loop's last item when called later).
+    return read_payload_from(src, out, expect=expect, key=key, verify=verify)

@@ -32,7 +32,8 @@ SENTINEL = 0x07
 def layout(n_layers: int = 3, name_len: int = 0) -> CanonicalLayout:
     """A small MLA layout (16-token blocks, 576-wide bf16 latents); long names give a long header."""
     pad = "x" * name_len
-    return CanonicalLayout.uniform(MODEL, "bfloat16", [f"model.layers.{i}.self_attn.attn{pad}" for i in range(n_layers)],
+    names = [f"model.layers.{i}.self_attn.attn{pad}" for i in range(n_layers)]
+    return CanonicalLayout.uniform(MODEL, "bfloat16", names,
                                    16, 576)
 
 
