@@ -4,8 +4,9 @@ Same chunks, same medium, same thread counts, verification ON for kvformat; TP i
 one slot per worker}; chunk shapes:
 
 * ``v3``: 1 DeepSeek-V3 block, 61 layers x 64 tokens x 576 bf16 = 4,497,408 bytes;
-* ``dsa``: the size of a DeepSeek-V3.2 (DSA) block, 61 x (41,984 MLA fp8_ds_mla + 8,448 indexer) = 3,076,352 bytes
-  (stood in for by 61 uniform 50,432-byte layers: the bytes moved are the same, the header has 61 entries, not 122);
+* ``dsa``: a DeepSeek-V3.2 (DSA) block, 61 x (41,984 MLA fp8_ds_mla + 8,448 indexer) = 3,076,352 bytes, with
+  vLLM's layer names (``…self_attn.attn`` and ``…self_attn.indexer.k_cache`` interleaved): kvformat derives the
+  true 122-entry per-layer table (kvformat.layout's DSA rule), so the header is the real one;
 * ``small``: 1 bf16 block of 16 tokens (vLLM's old default block size), 61 x 16 x 576 x 2 = 1,124,352 bytes.
 
 Timings:
@@ -61,7 +62,7 @@ from vllm.v1.kv_offload.tiering.fs import io as fs_io  # noqa: E402
 MODEL = "deepseek-ai/DeepSeek-V3"
 # name: (layers, tokens per block, width, dtype, label)
 SHAPES = {"v3": (61, 64, 576, "bfloat16", "DeepSeek-V3 1 block"),
-          "dsa": (61, 64, 788, "fp8", "DSA-sized 1 block"),
+          "dsa": (122, 64, 394, "fp8", "DeepSeek-V3.2 DSA 1 block"),  # 122 x 64 x 394 = 61 x (656 + 132) x 64
           "small": (61, 16, 576, "bfloat16", "bf16 1 block x 16 tok")}
 
 CALLS = {"C store": 0, "C load": 0, "py store": 0, "py load": 0}
@@ -298,9 +299,16 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
             else:
                 tier = kvformat_tier(str(roots[name]), read_threads=a.threads, write_threads=a.threads,
                                      verify=a.verify == "true", o_direct=a.kvf_o_direct, fsync=a.kvf_fsync)
+            lnames = ([x for i in range(layers // 2) for x in (f"model.layers.{i}.self_attn.attn",
+                                                              f"model.layers.{i}.self_attn.indexer.k_cache")]
+                     if shape == "dsa" else None)
             deps[name] = Deployment([tier], tp=tp, replicated=replicated, blocks_per_chunk=1, n_layers=layers,
-                                    tokens_per_block=tpb, width=width, dtype=dtype, model=MODEL,
-                                    num_chunks=a.chunks + 2)
+                                    tokens_per_block=tpb, width=width, dtype=dtype,
+                                    model="deepseek-ai/DeepSeek-V3.2" if shape == "dsa" else MODEL,
+                                    num_chunks=a.chunks + 2, layer_names=lnames)
+            if name == "kvf" and shape == "dsa":
+                roles = {l.role for l in deps[name].tier().layout.layers}
+                assert roles == {"mla", "dsa_indexer"}, roles  # the real DSA table, not uniform pages
             t = deps[name].tier()
             if hasattr(t, "wait_scanned"):
                 t.wait_scanned(30)
