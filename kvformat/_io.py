@@ -75,6 +75,12 @@ def write_atomic(path: str, parts: list[Any], *, fsync: bool = False, overwrite:
         _unlink_quiet(tmp)
         raise
     os.close(fd)
+    return publish(tmp, path, d, overwrite=overwrite, fsync=fsync)
+
+
+def publish(tmp: str, path: str, d: str, *, overwrite: bool, fsync: bool) -> bool:
+    """Make the complete temp file ``tmp`` visible as ``path`` (spec §10); False if ``path`` existed and not
+    ``overwrite``. The temp name is gone afterwards either way; with ``fsync`` the directory entry is durable."""
     try:
         if overwrite:
             os.replace(tmp, path)
@@ -713,23 +719,4 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
         _unlink_quiet(tmp)
         raise
     os.close(fd)
-    try:
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if path exists: first writer wins, nothing is replaced
-            except FileExistsError:
-                return False, f"{dh:016x}"
-            finally:
-                _unlink_quiet(tmp)
-        if fsync:
-            dfd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    except BaseException:
-        _unlink_quiet(tmp)
-        raise
-    return True, f"{dh:016x}"
+    return publish(tmp, path, d, overwrite=overwrite, fsync=fsync), f"{dh:016x}"
