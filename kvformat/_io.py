@@ -432,7 +432,7 @@ def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHe
         with FileSource(p) as src:
             return read_header_from(src, verify)
     except KVFormatError as e:
-        raise e.with_path(p)
+        raise e.with_path(p) from None  # the same error, now naming its file
 
 
 def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
@@ -452,7 +452,7 @@ def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout
         with FileSource(p, o_direct=o_direct) as src:
             return read_payload_from(src, out, expect=expect, key=key, verify=verify)
     except KVFormatError as e:
-        raise e.with_path(p)
+        raise e.with_path(p) from None  # the same error, now naming its file
 
 
 def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
@@ -521,7 +521,8 @@ def open_block(path: str | os.PathLike[str], *, verify: bool = True) -> BlockFil
     return BlockFile(path, verify=verify)
 
 
-def iter_files(root: str, suffix: str = ".kvf", *, skip_top: tuple[str, ...] = ()) -> Iterator[tuple[str, os.DirEntry[str]]]:
+def iter_files(root: str, suffix: str = ".kvf", *,
+               skip_top: tuple[str, ...] = ()) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """``(relative path with '/', entry)`` of the regular files under ``root`` ending in ``suffix``.
 
     Never follows symlinks, skips temp files, and skips the top-level directories named in ``skip_top``.
@@ -613,7 +614,7 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     except KVFormatError as e:
         if touched:
             invalidate(dst[:raw])  # F-5.5: wrong bytes never stay in the destination
-        raise e.with_path(p)
+        raise e.with_path(p) from None  # the same error, now naming its file
     except BaseException:
         if touched:
             invalidate(dst[:raw])

@@ -132,7 +132,8 @@ class LayerSpec:
         if self.dtype not in DTYPE_SIZES:
             raise SchemaError("layer.dtype", f"expected one of {sorted(DTYPE_SIZES)}, got {self.dtype!r}")
         shape = tuple(self.shape)
-        if not 1 <= len(shape) <= MAX_DIMS or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in shape):
+        if not 1 <= len(shape) <= MAX_DIMS or any(not isinstance(d, int) or isinstance(d, bool) or d < 1
+                                                  for d in shape):
             raise SchemaError("layer.shape", f"expected 1..{MAX_DIMS} positive ints, got {self.shape!r}")  # F-8.5
         object.__setattr__(self, "shape", shape)
 
@@ -219,7 +220,8 @@ class CanonicalLayout:
 
     @classmethod
     def uniform(cls, model: str, kv_dtype: str, layer_names: list[str] | tuple[str, ...], tokens_per_block: int,
-                width: int, *, blocks_per_chunk: int = 1, tokens_per_hash: int | None = None, **kw: Any) -> "CanonicalLayout":
+                width: int, *, blocks_per_chunk: int = 1, tokens_per_hash: int | None = None,
+                **kw: Any) -> "CanonicalLayout":
         """A pure-MLA layout: every layer ``(tokens_per_block, width)`` of ``kv_dtype``.
 
         For packed dtypes (``fp8_ds_mla``) ``width`` is bytes per token.

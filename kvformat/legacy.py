@@ -49,6 +49,7 @@ _BASE_RE = re.compile(r"^(?P<model>.+)_(?P<digest>[0-9a-f]{12})$")
 _RANK_RE = re.compile(r"^(?P<base>.+_[0-9a-f]{12})_r(?P<rank>[0-9]+)$")
 _HASH_RE = re.compile(r"^[0-9a-f]{2,128}$")
 _GROUP_RE = re.compile(r"^(?P<hh>[0-9a-f]{2})_g(?P<group>[0-9]+)$")
+_memcmp: Any
 try:  # memcmp releases the GIL and stops at the first difference; memoryview == is ~50x slower
     _memcmp = ctypes.CDLL(None).memcmp
     _memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)

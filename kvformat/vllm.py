@@ -1,4 +1,4 @@
-"""kvformat as a vLLM (0.33+) secondary offloading tier: :class:`KVFormatTier`.
+"""kvformat as a vLLM (0.33, 0.34) secondary offloading tier: :class:`KVFormatTier`.
 
 Enable it in the tiering config of vLLM's ``OffloadingConnector`` (docs/vllm.md has every parameter)::
 

@@ -55,8 +55,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _sub(sub: Any, name: str, help_: str, description: str, examples: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help_, description=description, epilog=_epilog(examples),
-                          formatter_class=_Formatter)
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_, description=description, epilog=_epilog(examples),
+                                                formatter_class=_Formatter)
+    return p
 
 
 def _common(s: argparse.ArgumentParser, *, progress: bool = True) -> None:

@@ -14,7 +14,8 @@ def summary_lines(rep: CompactReport) -> Iterable[str]:
         for f in rep.would_write:
             yield f"would write {shown(f.rel)}  ({human(f.before)} -> {human(f.after)})"
     for ns in rep.namespaces:
-        yield (f"{shown(ns['legacy'])} g{ns['group']} -> {shown(ns['namespace'])}: {ns['files']} files, {ns['row']} rows of "
+        yield (f"{shown(ns['legacy'])} g{ns['group']} -> {shown(ns['namespace'])}: {ns['files']} files, "
+               f"{ns['row']} rows of "
                f"{ns['slots']} slot(s), page {ns['page_bytes']} B, padding {ns['padding']} B")
     for e in rep.layout_errors:
         yield f"error: {shown(e)}"

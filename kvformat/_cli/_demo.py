@@ -104,13 +104,13 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     layout = store.read_header(rel0).layout
     read_back: dict[int, int] = {}
     for tp in (2, 1):
-        row = memoryview(bytearray(-(-slot * tp // ROW_ALIGN) * ROW_ALIGN))
+        rb = memoryview(bytearray(-(-slot * tp // ROW_ALIGN) * ROW_ALIGN))
         equal = 0
         for h, p in payloads.items():
-            store.read_into(block_relpath(layout, BlockKey(h, 0)), row[:slot], expect=layout, key=BlockKey(h, 0))
+            store.read_into(block_relpath(layout, BlockKey(h, 0)), rb[:slot], expect=layout, key=BlockKey(h, 0))
             for r in range(1, tp):
-                row[r * slot:(r + 1) * slot] = row[:slot]
-            equal += all(row[r * slot:(r + 1) * slot] == p for r in range(tp))
+                rb[r * slot:(r + 1) * slot] = rb[:slot]
+            equal += all(rb[r * slot:(r + 1) * slot] == p for r in range(tp))
         print(f"TP={tp}: {equal}/{len(payloads)} blocks byte-identical to what TP={TP} stored")
         read_back[tp] = equal
         ok &= equal == len(payloads)

@@ -10,7 +10,9 @@ from typing import Any, Callable
 from .._io import read_header, read_into
 from .._spec import BlockHeader
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
-from ..legacy import Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files
+from ..legacy import (
+    Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files,
+)
 from ..scan import (
     ProgressSink, find_store_root, os_error_text, quarantine_summary,
     scan_root, totals,
@@ -125,7 +127,8 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                 "files": len(gf), "bytes": sum(f.size for f in gf), "tp_sizes": [ns.parallel()["tp"]],
                 "compression_ratio": None, "corrupt": 0,
                 "oldest": min((f.mtime for f in gf), default=None), "newest": max((f.mtime for f in gf), default=None),
-                "bad_files": [], "unreadable": [], "legacy": {"row": None, "slots": None, "page_bytes": None, "row_bytes": None,
+                "bad_files": [], "unreadable": [],
+                "legacy": {"row": None, "slots": None, "page_bytes": None, "row_bytes": None,
                                             "padding": None, "digest_ok": ns.digest_ok, "compacted_bytes": None,
                                             "compacted_namespace": None, "error": None},
             }
@@ -204,7 +207,8 @@ def render_root(d: dict[str, Any]) -> str:
                         "oldest", "newest"], rows, right=(3, 4, 5, 7, 8)))
     t = d["totals"]
     lines.append("")
-    lines.append(f"total: {t['namespaces']} namespaces, {t['files']} files, {human(t['bytes'])}, {t['corrupt']} corrupt")
+    lines.append(f"total: {t['namespaces']} namespaces, {t['files']} files, {human(t['bytes'])}, "
+                 f"{t['corrupt']} corrupt")
     if legacy:
         lines.append("")
         lrows = []
@@ -243,7 +247,10 @@ def render_root(d: dict[str, Any]) -> str:
 
 # -- one legacy file -------------------------------------------------------------------------------------
 def legacy_file_namespace(path: str) -> tuple[Any, LegacyFile] | None:
-    """(namespace, file) when ``path`` is a block file of vLLM's fs tier (``<root>/<base>_r<n>/<hhh>/<hh>_g<g>/<hash>.bin``)."""
+    """(namespace, file) when ``path`` is a block file of vLLM's fs tier.
+
+    That is ``<root>/<base>_r<n>/<hhh>/<hh>_g<g>/<hash>.bin``.
+    """
     p = os.path.abspath(path)
     parts = p.split(os.sep)
     if len(parts) < 5 or not p.endswith(".bin"):
@@ -261,7 +268,8 @@ def legacy_file_namespace(path: str) -> tuple[Any, LegacyFile] | None:
     return None
 
 
-def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True, page_bytes: int | None = None) -> dict[str, Any]:
+def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
+                        page_bytes: int | None = None) -> dict[str, Any]:
     """Row layout of one legacy file, its replica status and the kvformat file it compacts to."""
     from .._spec import block_relpath
     from ..legacy import key_for
@@ -293,8 +301,10 @@ def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True, page_byt
 
 
 def render_legacy_file(d: dict[str, Any]) -> str:
-    lines = [f"legacy file {shown(d['path'])}", f"namespace   {shown(d['namespace'])} (vLLM fs tier, group {d['group']})",
-             f"model       {shown(d['model'])}", f"kv dtype    {shown(d['kv_dtype'])}", f"key         {d['hash']}:{d['group']}",
+    lines = [f"legacy file {shown(d['path'])}",
+             f"namespace   {shown(d['namespace'])} (vLLM fs tier, group {d['group']})",
+             f"model       {shown(d['model'])}", f"kv dtype    {shown(d['kv_dtype'])}",
+             f"key         {d['hash']}:{d['group']}",
              f"bytes       {d['bytes']}  mtime {iso(d['mtime'])}"]
     c = d["config"]
     lines.append(f"config      tp={c.get('tp_size')} pp={c.get('pp_size')} dcp={c.get('dcp_size')} "

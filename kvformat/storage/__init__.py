@@ -29,7 +29,8 @@ def open_store(root: str, **storage_options: Any) -> Store:
     ImportError naming the package to install when a URL's fsspec backend is missing.
     """
     if "://" not in root or root.startswith("file://"):
-        return LocalStore(root[len("file://"):] if root.startswith("file://") else root, **storage_options)  # type: ignore[arg-type]
+        path = root[len("file://"):] if root.startswith("file://") else root
+        return LocalStore(path, **storage_options)
     from ._fsspec import FsspecStore
 
     return FsspecStore(root, **storage_options)

@@ -245,7 +245,8 @@ class Store(abc.ABC):
             raise r
         return bool(r)
 
-    def delete_many(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> builtins.list[bool | BaseException]:
+    def delete_many(self, relpaths: Sequence[str], *,
+                    timeout_s: float | None = None) -> builtins.list[bool | BaseException]:
         """Remove many files. Per item: True, False (absent) or the exception."""
         self._live()
         rels = list(relpaths)

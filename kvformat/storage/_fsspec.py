@@ -204,10 +204,12 @@ class FsspecStore(Store):
 
     async def _a_get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         if self._s3 and start is None:
-            return await self._afs._cat_file(path, max_concurrency=1)  # one GET, no HEAD for the size first
-        if start is None:
-            return await self._afs._cat_file(path)
-        return await self._afs._cat_file(path, start=start, end=end)
+            data = await self._afs._cat_file(path, max_concurrency=1)  # one GET, no HEAD for the size first
+        elif start is None:
+            data = await self._afs._cat_file(path)
+        else:
+            data = await self._afs._cat_file(path, start=start, end=end)
+        return bytes(data)
 
     async def _a_prefix(self, rel: str) -> BytesSource:
         """The header region (as far as the length field says, within the object) and the object size:
@@ -281,7 +283,8 @@ class FsspecStore(Store):
 
     async def _a_find(self, base: str) -> dict[str, Any]:
         try:
-            return await self._afs._find(base, detail=True)
+            found: dict[str, Any] = await self._afs._find(base, detail=True)
+            return found
         except FileNotFoundError:
             return {}
 
@@ -351,7 +354,8 @@ class FsspecStore(Store):
             raise r
         return r
 
-    def read_many_bytes(self, relpaths: Sequence[str], *, timeout_s: float | None = None) -> builtins.list[bytes | BaseException]:
+    def read_many_bytes(self, relpaths: Sequence[str], *,
+                        timeout_s: float | None = None) -> builtins.list[bytes | BaseException]:
         """Whole files, fetched concurrently; per item the bytes or the exception."""
         self._live()
         rels = list(relpaths)

@@ -117,7 +117,7 @@ class LocalStore(Store):
         """Remove temp files older than ``older_than_s``; with ``dead_writers`` also, at any age, those
         whose writer (a process of this host) is gone. A live writer's temp file is never touched."""
         n, now = 0, time.time()
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, _dirnames, filenames in os.walk(self.root):
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     p = os.path.join(dirpath, name)
