@@ -17,7 +17,7 @@ import pytest
 
 import kvformat as K
 from kvformat import _io
-from kvformat.errors import SchemaError, TruncatedError
+from kvformat.errors import ChecksumError, SchemaError, TruncatedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -147,3 +147,81 @@ def test_o_direct_read_takes_the_o_direct_branch(tmp_path, monkeypatch, o_direct
     K.read_into(p, memoryview(buf), expect=layout, key=key, o_direct=o_direct)
     assert bytes(buf) == payload
     assert any(f & os.O_DIRECT for f in flags) == o_direct
+
+
+# -- 1.1 roles and pins (F-4.11, F-4.13, F-4.14, F-4.15): the survivors of the post-merge mutation run ----
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import gen_vectors as GV  # noqa: E402
+
+
+def _vector(name: str) -> bytes:
+    with open(os.path.join(ROOT, "spec", "vectors", "valid", name + ".kvf"), "rb") as f:
+        return f.read()
+
+
+def test_f411_opaque_name_without_roles_is_a_reserved_name():
+    raw = GV.with_meta(_vector("opaque-region-1.1"), kvf__roles=None)
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert ei.value.field == "layer.name" and "kvf.opaque" in ei.value.message
+
+
+def test_f415_empty_pins_are_refused():
+    raw = GV.with_meta(_vector("opaque-region-1.1"), kvf__pins="{}")
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert ei.value.field == "kvf.pins" and "empty" in ei.value.message
+
+
+@pytest.mark.parametrize("roles,pattern", [("not json", "not valid JSON"), ('{"a": 1}', "expected a JSON list")])
+def test_f413_roles_must_be_a_json_list(roles, pattern):
+    raw = GV.with_meta(_vector("dsa-fp8-mla-indexer-1.1"), kvf__roles=roles)
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert ei.value.field == "kvf.roles" and pattern in ei.value.message
+
+
+@pytest.mark.parametrize("name,dtype", [("model.layers.0.self_attn.attn", "U8"), ("kvf.opaque", "BF16")])
+def test_f414_an_opaque_layer_is_the_u8_tensor_kvf_opaque(name, dtype):
+    with pytest.raises(SchemaError) as ei:
+        K.LayerSpec(name, dtype, (8,), role="opaque")
+    assert ei.value.field == "kvf.roles" and "kvf.opaque" in ei.value.message
+
+
+def test_f55_decode_of_a_bad_zstd_frame_into_out_zeroes_it():
+    with open(os.path.join(ROOT, "spec", "vectors", "invalid", "zstd-raw-mismatch.kvf"), "rb") as f:
+        raw = f.read()
+    n = K.decode(raw, verify=False)[0].raw_bytes
+    out = bytearray(b"\xaa" * n)
+    with pytest.raises(ChecksumError):
+        K.decode(raw, out)
+    assert bytes(out) == bytes(n), "decoded bytes stayed in out"
+
+
+def test_f52_fused_read_of_a_file_that_shrank_is_truncated_and_zeroed(tmp_path, monkeypatch):
+    from kvformat import _native  # the fused read works on either implementation (native or fallback)
+
+    p = tmp_path / "b.kvf"
+    p.write_bytes(PLAIN.file)
+    real = _native.pread_hash
+
+    def shrink_then_read(fd, head, body, offset, **kw):
+        os.truncate(f"/proc/self/fd/{fd}", len(PLAIN.file) - len(PLAIN.payload) // 2)
+        return real(fd, head, body, offset, **kw)
+
+    monkeypatch.setattr(_native, "pread_hash", shrink_then_read)
+    out = bytearray(b"\xaa" * len(PLAIN.payload))
+    with pytest.raises(TruncatedError) as ei:  # verify off: only the length check can tell
+        _io.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=False)
+    assert ei.value.region == "data" and bytes(out) == bytes(len(out))
+
+
+def test_f52_fused_read_of_a_flipped_payload_bit_is_a_checksum_error_and_zeroed(tmp_path):
+    raw = bytearray(PLAIN.file)
+    raw[len(raw) - len(PLAIN.payload) // 3] ^= 0x10
+    p = tmp_path / "flip.kvf"
+    p.write_bytes(bytes(raw))
+    out = bytearray(b"\xaa" * len(PLAIN.payload))
+    with pytest.raises(ChecksumError) as ei:
+        _io.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=True)
+    assert ei.value.region == "data" and bytes(out) == bytes(len(out))
