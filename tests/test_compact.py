@@ -271,32 +271,13 @@ def test_canonical_rows_refused(tmp_path, capsys):
 
 
 def test_progress_bar_on_a_terminal_quiet_in_pipes(tmp_path):
-    import pty
-    import select
+    from cli_helpers import CODE, cli_on_pty
 
     t = build(str(tmp_path / "src"), tp=2, n_files=30)
-    code = "import sys; from kvformat._cli import main; sys.exit(main(sys.argv[1:]))"
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", code, "compact", t.root, str(tmp_path / "a")],
-                            stdout=subprocess.PIPE, stderr=slave)
-    os.close(slave)
-    err = b""
-    while True:
-        r, _, _ = select.select([master], [], [], 30)
-        if not r:
-            break
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        err += chunk
-    out, _ = proc.communicate()
-    os.close(master)
-    assert proc.returncode == 0 and b"converted 30" in out
+    rc, out, err = cli_on_pty(["compact", t.root, str(tmp_path / "a")])
+    assert rc == 0 and b"converted 30" in out
     assert b"\rcompact [" in err and b"30/30" in err and err.count(b"\r") >= 2
-    r = subprocess.run([sys.executable, "-c", code, "compact", t.root, str(tmp_path / "b")], capture_output=True)
+    r = subprocess.run([sys.executable, "-c", CODE, "compact", t.root, str(tmp_path / "b")], capture_output=True)
     assert r.returncode == 0 and r.stderr == b"" and b"converted 30" in r.stdout  # quiet in pipes
 
 
