@@ -50,6 +50,10 @@ def _meta_for(layout: CanonicalLayout, key: BlockKey, prov: Provenance) -> dict[
         "kvf.tp": str(prov.tp), "kvf.pp": str(prov.pp), "kvf.dcp": str(prov.dcp), "kvf.pcp": str(prov.pcp),
         "kvf.row": prov.row, "kvf.writer": prov.writer, "kvf.created": str(prov.created),
     })
+    if prov.pp_layers:
+        m["kvf.pp_layers"] = ",".join(map(str, prov.pp_layers))  # §4.4
+    if prov.cp_interleave != 1:
+        m["kvf.cp_interleave"] = str(prov.cp_interleave)
     if layout.has_roles:
         m["kvf.roles"] = layout.roles_json  # §4.3
     if layout.pins:
@@ -306,8 +310,8 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
 # so a read of one more file of a known deployment only parses its per-file fields (key, checksums, time).
 _STATIC_KEYS = ("kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
                 "kvf.tokens_per_hash", "kvf.group", "kvf.tp", "kvf.pp", "kvf.dcp", "kvf.pcp", "kvf.row", "kvf.writer",
-                "kvf.roles", "kvf.pins")
-_OPTIONAL_KEYS = ("kvf.revision", "kvf.roles", "kvf.pins")
+                "kvf.roles", "kvf.pins", "kvf.pp_layers", "kvf.cp_interleave")
+_OPTIONAL_KEYS = ("kvf.revision", "kvf.roles", "kvf.pins", "kvf.pp_layers", "kvf.cp_interleave")
 
 
 @functools.lru_cache(maxsize=64)
@@ -325,8 +329,18 @@ def _static(values: tuple[str | None, ...], bpc: int, layers_key: Any) -> tuple[
     prov = Provenance(tp=parse_uint("kvf.tp", m["kvf.tp"], minimum=1), pp=parse_uint("kvf.pp", m["kvf.pp"], minimum=1),
                       dcp=parse_uint("kvf.dcp", m["kvf.dcp"], minimum=1),
                       pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1),
-                      row=cast(str, m["kvf.row"]), writer=cast(str, m["kvf.writer"]))  # non-None: checked above
+                      row=cast(str, m["kvf.row"]), writer=cast(str, m["kvf.writer"]),  # non-None: checked above
+                      pp_layers=_pp_layers(m["kvf.pp_layers"]),
+                      cp_interleave=parse_uint("kvf.cp_interleave", m["kvf.cp_interleave"] or "1", minimum=1))
     return layout, prov
+
+
+def _pp_layers(value: str | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, str) or len(value) > 8 * 1024:
+        raise SchemaError("kvf.pp_layers", "expected comma-separated layer counts")  # F-4.16
+    return tuple(parse_uint("kvf.pp_layers", v, maximum=MAX_LAYERS) for v in value.split(","))
 
 
 def _with_created(prov: Provenance, created: int) -> Provenance:
@@ -339,7 +353,8 @@ def _with_created(prov: Provenance, created: int) -> Provenance:
 _KNOWN = frozenset({"kvformat", "kvf.hxxh3", "kvf.codec", "kvf.dxxh3", "kvf.level", "kvf.raw_xxh3", "kvf.layers",
              "kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
              "kvf.blocks_per_chunk", "kvf.tokens_per_hash", "kvf.group", "kvf.key", "kvf.tp", "kvf.pp", "kvf.dcp",
-             "kvf.pcp", "kvf.row", "kvf.writer", "kvf.created", "kvf.roles", "kvf.pins"})
+             "kvf.pcp", "kvf.row", "kvf.writer", "kvf.created", "kvf.roles", "kvf.pins", "kvf.pp_layers",
+             "kvf.cp_interleave"})
 
 
 def _layers_from_key(layers_key: Any) -> tuple[LayerSpec, ...]:

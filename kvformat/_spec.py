@@ -389,6 +389,10 @@ class Provenance:
     row: str = "unknown"
     writer: str = ""
     created: int = 0
+    # The writer's pipeline partition (decoder layers per stage) and context-parallel token interleave
+    # (spec §4.4): provenance too, recorded when pp > 1 / dcp x pcp > 1.
+    pp_layers: tuple[int, ...] = ()
+    cp_interleave: int = 1
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dcp", "pcp"):
@@ -397,10 +401,20 @@ class Provenance:
             raise SchemaError("kvf.row", f"expected one of {ROW_LAYOUTS}, got {self.row!r}")  # F-4.12
         parse_name("kvf.writer", self.writer, allow_empty=True)
         parse_uint("kvf.created", self.created)
+        if self.pp_layers and (len(self.pp_layers) != self.pp
+                               or not all(type(n) is int and 0 <= n <= MAX_LAYERS for n in self.pp_layers)):
+            raise SchemaError("kvf.pp_layers", f"expected {self.pp} layer counts (kvf.pp), got "
+                              f"{list(self.pp_layers)[:8]!r}")  # F-4.16
+        parse_uint("kvf.cp_interleave", self.cp_interleave, minimum=1, maximum=1 << 16)  # F-4.16
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "dcp": self.dcp, "pcp": self.pcp, "row": self.row,
-                "writer": self.writer, "created": self.created}
+        out: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "dcp": self.dcp, "pcp": self.pcp, "row": self.row,
+                               "writer": self.writer, "created": self.created}
+        if self.pp_layers:
+            out["pp_layers"] = self.pp_layers
+        if self.cp_interleave != 1:
+            out["cp_interleave"] = self.cp_interleave
+        return out
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from .errors import SchemaError
 
 __all__ = [
     "ROLE_MLA", "ROLE_INDEXER", "ROLE_OPAQUE", "PACKED_DTYPES", "LayerFacts", "GroupFacts", "DeploymentFacts",
-    "RowPlan", "plan_groups", "role_from_name", "formula_layer",
+    "RowPlan", "Shard", "ParallelFacts", "plan_groups", "role_from_name", "formula_layer", "cp_canonical_token",
 ]
 
 ROLE_MLA = "mla"
@@ -93,6 +93,36 @@ class GroupFacts:
 
 
 @dataclass(frozen=True)
+class ParallelFacts:
+    """Where a deployment's workers keep a chunk beyond TP replication, as vLLM places it.
+
+    ``stages`` lists, per pipeline stage, the group's layer names that stage's workers hold, in the
+    order their slots hold them (vLLM's per-stage group order). Worker ``w`` of a row is pipeline stage
+    ``w // tp`` and TP rank ``w % tp``; its decode-context (DCP) rank is ``tp rank % dcp`` (vLLM's DCP
+    groups are consecutive TP ranks). A DCP rank holds the block's tokens ``t`` with
+    ``(t // interleave) % dcp == its rank`` (:func:`cp_canonical_token`).
+    """
+
+    tp: int
+    pp: int = 1
+    dcp: int = 1
+    interleave: int = 1
+    stages: tuple[tuple[str, ...], ...] = ()
+    stage_layers: tuple[int, ...] = ()  # decoder layers per stage (vLLM's partition; provenance)
+
+    @property
+    def trivial(self) -> bool:
+        return self.pp == 1 and self.dcp == 1
+
+
+def cp_canonical_token(local: int, cp_rank: int, cp_size: int, interleave: int) -> int:
+    """The token position (in the logical block of ``cp_size`` local blocks) of a context-parallel rank's
+    local token ``local``: vLLM's interleave (``canonical_mapping._local_to_canonical_token``)."""
+    chunk, pos = divmod(local, interleave)
+    return (chunk * cp_size + cp_rank) * interleave + pos
+
+
+@dataclass(frozen=True)
 class DeploymentFacts:
     """A deployment as the tier (or the legacy converter) sees it.
 
@@ -118,10 +148,25 @@ class DeploymentFacts:
     # Whether vLLM itself says every layer's KV is replicated on every TP rank (per-layer MLA specs, or
     # model_config.use_mla): what replica_policy "trust_rank0" needs before it may skip the check.
     replicated_kv_known: bool = False
+    # Pipeline / decode-context parallel placement (None or trivial: every worker slot holds the chunk).
+    parallel: ParallelFacts | None = None
 
     @property
     def block_outer(self) -> bool:
         return bool(self.kv_cache_layout) and str(self.kv_cache_layout).upper().startswith("B")
+
+
+Run = tuple[int, int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The workers whose slots hold the same part of a chunk (TP replicas of one pipeline stage and
+    decode-context rank), the runs between one such slot and the payload, and the slot bytes they use."""
+
+    slots: tuple[int, ...]
+    runs: tuple[Run, ...]
+    used: int
 
 
 @dataclass(frozen=True)
@@ -138,11 +183,16 @@ class RowPlan:
     runs: tuple[tuple[int, int, int, int, int, int], ...]
     order: str  # "layer_outer" | "block_outer" | "opaque"
     source: str
+    # Pipeline / decode-context parallel rows: each shard's slots hold one part of the payload. Empty:
+    # every worker slot holds the whole chunk (``runs``).
+    shards: tuple[Shard, ...] = ()
 
     @functools.cached_property
     def contiguous(self) -> bool:
         """The payload is the slot's first ``payload_bytes`` bytes as they are (no copy needed)."""
         n = self.layout.payload_bytes
+        if self.shards:
+            return False
         return all(so == po for so, po, *_ in self.runs) and _covers(self.runs, n)
 
     def gather(self, slot: memoryview, out: memoryview) -> None:
@@ -153,9 +203,18 @@ class RowPlan:
         """Place a canonical payload into a row slot, each layer where the deployment keeps it."""
         _copy_runs(payload, slot, self.runs, to_payload=False)
 
+    def gather_shard(self, shard: Shard, slot: memoryview, out: memoryview) -> None:
+        """Copy one shard's part of the payload out of one of its slots."""
+        _copy_runs(slot, out, shard.runs, to_payload=True)
+
+    def scatter_shard(self, shard: Shard, payload: memoryview, slot: memoryview) -> None:
+        """Place one shard's part of a payload into one of its slots."""
+        _copy_runs(payload, slot, shard.runs, to_payload=False)
+
     def describe(self) -> str:
         roles = sorted({l.role for l in self.layout.layers})
-        return f"{self.order} ({'+'.join(roles)}, {len(self.layout.layers)} layers, from {self.source})"
+        parts = f", {len(self.shards)} shards" if self.shards else ""
+        return f"{self.order} ({'+'.join(roles)}, {len(self.layout.layers)} layers{parts}, from {self.source})"
 
 
 def _covers(runs: Sequence[tuple[int, int, int, int, int, int]], n: int) -> bool:
@@ -178,8 +237,22 @@ def _copy_runs(src: memoryview, dst: memoryview, runs: Sequence[tuple[int, int, 
                *, to_payload: bool) -> None:
     # ctypes.memmove releases the GIL: reorders of several chunks run on several cores.
     s, d = _addr(src), _addr(dst)
+    src_arr = dst_arr = None
     for so, po, nb, cnt, ss, ps in runs:
         a, b, sa, sb = (so, po, ss, ps) if to_payload else (po, so, ps, ss)
+        if cnt > 4:
+            # Many small pieces (DCP token rows): one strided numpy copy instead of a memmove per piece.
+            import numpy as np
+            from numpy.lib.stride_tricks import as_strided
+
+            if src_arr is None:
+                src_arr = np.frombuffer(src, dtype=np.uint8)
+                dst_arr = np.frombuffer(dst, dtype=np.uint8)
+            assert dst_arr is not None
+            if a + (cnt - 1) * sa + nb > len(src_arr) or b + (cnt - 1) * sb + nb > len(dst_arr):
+                raise ValueError("a copy run lies outside its buffer")
+            np.copyto(as_strided(dst_arr[b:], (cnt, nb), (sb, 1)), as_strided(src_arr[a:], (cnt, nb), (sa, 1)))
+            continue
         for i in range(cnt):
             ctypes.memmove(d + b + i * sb, s + a + i * sa, nb)
 
@@ -361,6 +434,69 @@ def _coalesce(runs: list[tuple[int, int, int, int, int, int]]) -> tuple[tuple[in
     return tuple(out)
 
 
+def _plan_parallel(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, LayerFacts]) -> RowPlan:
+    """A chunk assembled from pipeline stages and decode-context ranks (vLLM's per-worker rows).
+
+    Each layer's facts are those of ONE worker's block (``tokens_per_block / dcp`` tokens); the file holds
+    the logical block of ``tokens_per_block`` tokens in token order, layers in the group's canonical order,
+    so a PP x TP, a DCP x TP and a TP-only deployment of the same model store the same payload.
+    """
+    par = facts.parallel
+    assert par is not None
+    cp, inter, bpc = par.dcp, par.interleave, facts.blocks_per_chunk
+    if facts.row != "per_worker":
+        raise SchemaError("parallel", f"pipeline/decode-context parallel rows are per-worker rows in vLLM, got "
+                          f"{facts.row!r} rows; not stored")
+    if facts.block_outer:
+        raise SchemaError("parallel", "pipeline/decode-context parallelism with a block-outer KV layout "
+                          f"({facts.kv_cache_layout}) is not supported; not stored")
+    if len(facts.groups) != 1:
+        raise SchemaError("parallel", f"pipeline/decode-context parallelism with {len(facts.groups)} KV-cache "
+                          "groups is not supported; not stored")
+    local_tpb = g.tokens_per_block // cp
+    if local_tpb * cp != g.tokens_per_block or local_tpb % inter:
+        raise SchemaError("parallel", f"a {g.tokens_per_block}-token block does not split into {cp} DCP ranks "
+                          f"of whole interleave runs of {inter} tokens")
+    if len(par.stages) != par.pp or sorted(n for st in par.stages for n in st) != sorted(g.layer_names):
+        raise SchemaError("parallel", "the pipeline stages do not hold exactly the group's layers")
+    canon: list[LayerFacts] = []
+    for n in g.layer_names:
+        lf = all_facts[n]
+        if lf.role == ROLE_OPAQUE or len(lf.shape) < 2 or lf.shape[0] != local_tpb or lf.page % local_tpb:
+            raise SchemaError("parallel", f"layer {n}: a {lf.page}-byte page is not {local_tpb} token rows; "
+                              "its tokens cannot be placed across DCP ranks")
+        canon.append(LayerFacts(n, lf.role, lf.kv_dtype, lf.st_dtype, (lf.shape[0] * cp, *lf.shape[1:]), lf.page * cp))
+    specs = tuple(lf.spec(facts.kv_dtype) for lf in canon)
+    layout = _layout(facts, g, specs, _family(facts), facts.pins)
+    pay_off = dict(zip(g.layer_names, layout.layer_offsets))
+    slot = facts.worker_bytes_per_block * bpc
+    by_part: dict[tuple[int, int], list[int]] = {}
+    for w in range(par.pp * par.tp):
+        by_part.setdefault((w // par.tp, (w % par.tp) % cp), []).append(w)
+    shards = []
+    for (stage, cp_rank), slots in sorted(by_part.items()):
+        runs: list[Run] = []
+        region = 0
+        for n in par.stages[stage]:
+            lf = all_facts[n]
+            row = lf.page // local_tpb  # bytes per token (vLLM's canonical mapping treats MLA pages as token rows)
+            piece, count = inter * row, local_tpb // inter
+            for j in range(bpc):
+                # Local tokens [c, c + inter) sit at cp_canonical_token(c): one strided run per block.
+                po = pay_off[n] + j * lf.page * cp + cp_canonical_token(0, cp_rank, cp, inter) * row
+                if cp == 1:
+                    runs.append((region + j * lf.page, po, lf.page, 1, lf.page, lf.page))
+                else:
+                    runs.append((region + j * lf.page, po, piece, count, piece, cp * piece))
+            region += lf.page * bpc
+        if region > slot:
+            raise SchemaError("parallel", f"pipeline stage {stage} holds {region} bytes per chunk, more than vLLM's "
+                              f"per-worker slot ({slot} bytes, sized from stage 0's layers): vLLM's CPU row cannot "
+                              "hold this partition either; not stored")
+        shards.append(Shard(tuple(slots), _coalesce(runs), region))
+    return RowPlan(layout, slot, (), "layer_outer", facts.source, tuple(shards))
+
+
 def plan_groups(facts: DeploymentFacts) -> dict[int, RowPlan]:
     """One :class:`RowPlan` per group of ``facts``.
 
@@ -398,6 +534,12 @@ def plan_groups(facts: DeploymentFacts) -> dict[int, RowPlan]:
     if packed and len(facts.groups) > 1:
         raise SchemaError("layout", f"a packed block-outer row shared by {len(facts.groups)} KV-cache groups: each "
                           "group's chunk is the whole packed block, mixing other groups' bytes; not stored")
+    if facts.parallel is not None and not facts.parallel.trivial:
+        g = facts.groups[0]
+        if reasons:
+            raise SchemaError("parallel", f"group {g.group}: {reasons[g.group]}; an opaque chunk cannot be assembled "
+                              "from pipeline stages or DCP ranks; not stored")
+        return {g.group: _plan_parallel(facts, g, all_facts)}
     out = {}
     for g in facts.groups:
         if g.group in reasons:

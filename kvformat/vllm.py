@@ -24,6 +24,7 @@ vLLM is imported only by this module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -51,7 +52,8 @@ from vllm.v1.kv_offload.tiering.base import (
 from . import __version__
 from ._spec import FILE_SUFFIX, CanonicalLayout, Provenance
 from .layout import (
-    ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, RowPlan, formula_layer, plan_groups,
+    ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer,
+    plan_groups,
     role_from_name,
 )
 from ._tier._config import TierConfig
@@ -127,7 +129,7 @@ _TORCH_ST = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "uint8": "U
              "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 
 
-def _facts_from_kv_config(kc: Any, cfg: Any) -> tuple[dict[str, LayerFacts], dict[int, str], bool]:
+def _facts_from_kv_config(kc: Any, cfg: Any, dcp: int = 1) -> tuple[dict[str, LayerFacts], dict[int, str], bool]:
     """Per-layer facts from vLLM's KV-cache config (scheduler or worker form) and the group kinds.
 
     The scheduler's config flattens a group's ``UniformTypeKVCacheSpecs`` to its first layer's spec, so
@@ -163,7 +165,8 @@ def _facts_from_kv_config(kc: Any, cfg: Any) -> tuple[dict[str, LayerFacts], dic
                 # layers of one spec into one tensor, so it is also the spec of that tensor's layers.
                 spec = gspec
             all_specs = all_specs and spec is not None
-            lf = _layer_fact(n, spec, t, i, g.tokens_per_block, cfg.model.dtype, mla_types)
+            # A worker's block holds tokens_per_block / dcp tokens: vLLM scales the offloading block by DCP.
+            lf = _layer_fact(n, spec, t, i, g.tokens_per_block // dcp, cfg.model.dtype, mla_types)
             if isinstance(lf, str):
                 kinds[g.group_id] = lf
                 continue
@@ -226,6 +229,65 @@ def _pins_from_vllm(vc: Any) -> dict[str, str]:
     return pins
 
 
+def _split_index(name: str) -> tuple[str, int] | None:
+    """``name`` as (template with ``{}`` for its layer index, the index), by vLLM's rule for layer names
+    (``extract_layer_index``: exactly one dot-separated integer component); None otherwise."""
+    parts = name.split(".")
+    pos = [i for i, p in enumerate(parts) if p.isdigit()]
+    if len(pos) != 1:
+        return None
+    idx = int(parts[pos[0]])
+    parts[pos[0]] = "{}"
+    return ".".join(parts), idx
+
+
+def _pp_stages(cfg: Any, vc: Any) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], dict[str, str], tuple[int, ...]]:
+    """Per pipeline stage, the layer names its workers hold (in their group order); the group's layers in
+    canonical (model) order; each layer's stage-0 counterpart; the decoder layers per stage.
+
+    The scheduler's KV-cache config and offloading config are stage 0's (``generate_scheduler_kv_cache_config``
+    takes worker 0's). The other stages' layers follow from vLLM's own partition, ``get_pp_indices``
+    (which honours ``VLLM_PP_LAYER_PARTITION``), over the model's ``num_hidden_layers``, applied to stage 0's
+    per-layer name templates; stage 0's names must be exactly that partition's first range.
+    """
+    from vllm.distributed.utils import get_pp_indices
+
+    pp = cfg.parallel.pp_size
+    mc = getattr(vc, "model_config", None)
+    hf = getattr(mc, "hf_text_config", None)
+    n_layers = getattr(hf, "num_hidden_layers", None)
+    if not isinstance(n_layers, int) or n_layers < pp:
+        raise SchemaError("parallel", "pipeline parallelism: the model's num_hidden_layers (vLLM's "
+                          "hf_text_config) is not known, so which layers each stage holds is unknown; not stored")
+    if getattr(vc, "speculative_config", None) is not None:
+        raise SchemaError("parallel", "pipeline parallelism with speculative decoding (MTP layers outside the "
+                          "decoder stack, on the last stage only) is not supported; not stored")
+    ranges = [get_pp_indices(n_layers, s, pp) for s in range(pp)]
+    names0 = tuple(cfg.groups[0].layer_names)
+    split = [_split_index(n) for n in names0]
+    if any(x is None for x in split):
+        raise SchemaError("parallel", "pipeline parallelism: a layer name without exactly one layer index; "
+                          "the other stages' layers cannot be named; not stored")
+    templates = list(dict.fromkeys(t for t, _ in split))  # type: ignore[misc]
+    lo, hi = ranges[0]
+
+    def order(idx: range, major: str) -> list[str]:
+        if major == "index":
+            return [t.format(i) for i in idx for t in templates]
+        return [t.format(i) for t in templates for i in idx]
+
+    major = next((m for m in ("index", "template") if order(range(lo, hi), m) == list(names0)), None)
+    if major is None:
+        raise SchemaError("parallel", f"pipeline parallelism: stage 0's layers are not layers {lo}..{hi - 1} of "
+                          "vLLM's partition with the same modules each; not stored")
+    stages = tuple(tuple(order(range(a, b), major)) for a, b in ranges)
+    canonical = tuple(order(range(0, n_layers), major))
+    # Each layer's stage-0 counterpart: the same module of stage 0's first layer (the caller checks that
+    # every stage-0 layer of one module has the same facts, so any of them describes the others).
+    twin = {n: _split_index(n)[0].format(lo) for n in canonical}  # type: ignore[index]
+    return stages, canonical, twin, tuple(b - a for a, b in ranges)
+
+
 def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vllm_config: Any = None,
                      kv_cache_config: Any = None) -> DeploymentFacts:
     """What ``spec``'s deployment stores per chunk, from vLLM's own objects (see :mod:`kvformat.layout`).
@@ -236,11 +298,18 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
     """
     cfg = spec.config
     par = cfg.parallel
-    if par.pp_size != 1 or par.pcp_size != 1 or par.dcp_size != 1:
-        raise SchemaError("parallel", "KVFormatTier supports tensor parallelism only (pp, pcp and dcp must be 1), "
-                          f"got pp={par.pp_size} pcp={par.pcp_size} dcp={par.dcp_size}")
+    if par.pcp_size != 1:
+        raise SchemaError("parallel", f"prefill context parallelism (pcp={par.pcp_size}) is not supported: vLLM 0.34 "
+                          "admits it with secondary tiers, but which tokens a PCP rank's block holds (the scheduler "
+                          "block is scaled by DCP only, the canonical mapping interleaves over DCP x PCP) could not "
+                          "be established from vLLM's sources; refused rather than guessed")
+    sharded = par.pp_size > 1 or par.dcp_size > 1
     if kv_cache_config is None:
         vllm_config, kv_cache_config = _vllm_context(cfg)
+    if sharded and (vllm_config is None or kv_cache_config is None):
+        raise SchemaError("parallel", f"pipeline/decode-context parallelism (pp={par.pp_size}, dcp={par.dcp_size}): "
+                          "the stage partition, the DCP interleave and each layer's page come from vLLM's config "
+                          "and KV-cache config, which the tier did not find; not stored")
     layers = None
     kinds: dict[int, str] = {}
     all_specs = False
@@ -249,13 +318,19 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
         if not _same_groups(kv_cache_config, cfg):
             raise SchemaError("groups", "the KV-cache config given does not hold this deployment's groups")
         replicas = getattr(kv_cache_config, "kv_tp_replicas", None)
+        if replicas is not None and par.dcp_size > 1:
+            # vLLM counts CONSECUTIVE identical TP ranks, and DCP ranks are consecutive: with DCP it is 1 by
+            # construction. Head sharding is what must be ruled out: count without DCP, by vLLM's own rule.
+            from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
+
+            replicas = kv_cache_groups_tp_replicas(kv_cache_config.kv_cache_groups, par.tp_size, 1)
         if replicas is not None and par.tp_size > 1 and replicas < par.tp_size:
             # vLLM's own count of consecutive TP ranks holding identical KV for EVERY layer: below the TP
             # size, some layer is head-sharded (a hybrid model), whatever its page size looks like.
             raise SchemaError("groups", f"vLLM's KV-cache config says only {replicas} of {par.tp_size} TP ranks "
                               "hold identical KV (kv_tp_replicas): some layers are head-sharded, not MLA; "
                               "kvformat stores replicated (MLA) KV only")
-        layers, kinds, all_specs = _facts_from_kv_config(kv_cache_config, cfg)
+        layers, kinds, all_specs = _facts_from_kv_config(kv_cache_config, cfg, par.dcp_size)
         source = "vLLM KV-cache config"
     pins = _pins_from_vllm(vllm_config) if vllm_config is not None else {}
     # Replicated KV is proven by vLLM's single-slot row (it requires every layer replicated on every TP
@@ -279,11 +354,45 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
                               kinds.get(g.group_id, "sliding_window"
                                         if getattr(g, "sliding_window_size_in_chunks", None) else "full"))
                    for g in cfg.groups)
+    parallel = None
+    if sharded:
+        parallel, groups, layers = _sharded_facts(cfg, vllm_config, groups, layers or {})
     return DeploymentFacts(model=cfg.model.name, kv_dtype=cfg.model.dtype, tokens_per_hash=cfg.cache.tokens_per_hash,
                            blocks_per_chunk=spec.blocks_per_chunk, worker_bytes_per_block=cfg.worker_kv_bytes_per_block,
                            groups=groups, row=row, copies=copies, kv_cache_layout=cfg.kv_cache_layout,
                            canonical_family=canonical, revision=revision, pins=pins, layers=layers, source=source,
-                           replicated_kv_known=known)
+                           replicated_kv_known=known, parallel=parallel)
+
+
+def _sharded_facts(cfg: Any, vc: Any, groups: tuple[GroupFacts, ...], layers: dict[str, LayerFacts]
+                   ) -> tuple[ParallelFacts, tuple[GroupFacts, ...], dict[str, LayerFacts]]:
+    """The placement of a pipeline and/or decode-context parallel deployment (see :class:`ParallelFacts`)."""
+    par = cfg.parallel
+    if len(groups) != 1:
+        raise SchemaError("parallel", f"pipeline/decode-context parallelism with {len(groups)} KV-cache groups is "
+                          "not supported; not stored")
+    if par.world_size != par.tp_size * par.pp_size:
+        raise SchemaError("parallel", f"world_size {par.world_size} is not tp x pp = {par.tp_size * par.pp_size}")
+    if par.tp_size % par.dcp_size:
+        raise SchemaError("parallel", f"dcp={par.dcp_size} does not divide tp={par.tp_size}")
+    pc = getattr(vc, "parallel_config", None)
+    inter = getattr(pc, "cp_kv_cache_interleave_size", None) or getattr(pc, "dcp_kv_cache_interleave_size", 1)
+    g = groups[0]
+    stage0 = tuple(g.layer_names)
+    if par.pp_size > 1:
+        stages, canonical, twin, counts = _pp_stages(cfg, vc)
+        for n in stage0:
+            a, b = layers[n], layers[twin[n]]
+            if (a.role, a.kv_dtype, a.st_dtype, a.shape, a.page) != (b.role, b.kv_dtype, b.st_dtype, b.shape, b.page):
+                raise SchemaError("parallel", f"layers {n} and {twin[n]} (one module, two layers) differ: the other "
+                                  "stages' layers cannot be described from stage 0's; not stored")
+        layers = {n: dataclasses.replace(layers[twin[n]], name=n, gpu_offset=None, gpu_block_stride=None)
+                  if n not in layers else layers[n] for n in canonical}
+    else:
+        stages, canonical, counts = (stage0,), stage0, ()
+    facts = ParallelFacts(tp=par.tp_size, pp=par.pp_size, dcp=par.dcp_size, interleave=int(inter), stages=stages,
+                          stage_layers=counts)
+    return facts, (dataclasses.replace(g, layer_names=canonical),), layers
 
 
 def derive_plans(spec: "OffloadingSpec", revision: str | None = None,
@@ -409,8 +518,11 @@ class KVFormatTier(SecondaryTierManager):
         # chunk's block hashes after the CPU tier drops it and expands this tier's removals to them.
         self._event_owner: dict[str, Any] = {"ownership": tier_type, "removal_expected": True}
         par = offloading_spec.config.parallel
-        prov = Provenance(tp=max(1, par.tp_size), pp=1, dcp=1, pcp=1, row=self.row_kind,
-                          writer=f"kvformat {__version__} (vllm tier)")
+        pf = self.facts.parallel
+        prov = Provenance(tp=max(1, par.tp_size), pp=max(1, par.pp_size), dcp=max(1, par.dcp_size), pcp=1,
+                          row=self.row_kind, writer=f"kvformat {__version__} (vllm tier)",
+                          pp_layers=pf.stage_layers if pf is not None and pf.pp > 1 else (),
+                          cp_interleave=pf.interleave if pf is not None and pf.dcp > 1 else 1)
         self._flat = primary_kv_view.cast("B")
         self.index = LRUIndex(self.config.max_bytes)
         self.engines: dict[int, RowEngine] = {}

@@ -97,6 +97,9 @@ class RowEngine:
         self._warned: set[str] = share._warned if share is not None else set()
         self._warn_lock: threading.Lock = share._warn_lock if share is not None else threading.Lock()
         self._scratch = threading.local()
+        if plan.shards and sorted(w for sh in plan.shards for w in sh.slots) != list(range(copies)):
+            # Every worker slot belongs to exactly one shard, else a stage or DCP rank would be missing.
+            raise ValueError(f"the plan's shards do not cover the row's {copies} worker slots exactly once")
         if copies * self.slot > stride:
             raise ValueError(f"{copies} slots of {self.slot} bytes do not fit a primary row of {stride} bytes")
         # The fan-out copies with ctypes.memmove: it releases the GIL (fan-outs of several loads run on
@@ -183,9 +186,15 @@ class RowEngine:
             self.counters.add(dedup_saved_bytes=self.copies * self.slot)
             return EXISTS, 0
         base = chunk_id * self.stride
-        payload = self._payload_of(base)
         digests: list[int] | None = None
-        if self.copies > 1 and self.cfg.replica_policy == "verify":
+        if self.plan.shards:
+            sharded = self._gather_shards(h, base)
+            if sharded is None:
+                return REPLICA_MISMATCH, 0
+            payload = sharded
+        else:
+            payload = self._payload_of(base)
+        if self.copies > 1 and self.cfg.replica_policy == "verify" and not self.plan.shards:
             digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # native: no GIL
                        for r in range(self.copies)]
             if len(set(digests)) != 1:
@@ -197,6 +206,9 @@ class RowEngine:
         key = BlockKey(h, self.layout.group)
         prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
         fuse = self._fused and digests is None and self.cfg.compression == "none"
+        # The replicas not written (a sharded row holds the payload once across its shards).
+        saved = (max(0, self.copies * self.slot - self.payload_bytes) if self.plan.shards
+                 else (self.copies - 1) * self.slot)
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
                                     level=self.cfg.compression_level,
                                     payload_xxh3=digests[0] if digests else (0 if fuse else None))
@@ -212,8 +224,7 @@ class RowEngine:
             if wrote:
                 self._mtimes[rel] = time.time()
                 self.index.add(rel, size, reserved=size)
-                self.counters.add(bytes_written=size, files_written=1,
-                                  dedup_saved_bytes=(self.copies - 1) * self.slot)
+                self.counters.add(bytes_written=size, files_written=1, dedup_saved_bytes=saved)
                 return WRITTEN, size
             self.index.release(size)
             # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
@@ -228,6 +239,24 @@ class RowEngine:
                 self.index.unpin(rel)
             self.index.wait_gone(rel)  # an eviction of this file is finishing: the next put writes it
         return FAILED, 0
+
+    def _gather_shards(self, h: str, base: int) -> memoryview | None:
+        """The payload assembled from every shard of a pipeline/DCP row (each pipeline stage's layers, each
+        DCP rank's tokens), after checking each shard's TP replicas hold the same bytes; None if not."""
+        out = self._buffer(0)
+        for shard in self.plan.shards:
+            first = base + shard.slots[0] * self.slot
+            if len(shard.slots) > 1 and self.cfg.replica_policy == "verify":
+                digests = [xxh3_64(self.flat[base + w * self.slot:base + w * self.slot + shard.used])
+                           for w in shard.slots]
+                if len(set(digests)) != 1:
+                    err = ReplicaMismatchError([f"{d:016x}" for d in digests])
+                    self.counters.add(replica_mismatches=1)
+                    self.warn_once("ReplicaMismatchError", "kvformat tier: chunk %s not stored: workers %s of one "
+                                   "pipeline stage / DCP rank differ: %s", h, list(shard.slots), err)
+                    return None
+            self.plan.gather_shard(shard, self.flat[first:first + self.slot], out)
+        return out
 
     def _buffer(self, i: int) -> memoryview:
         bufs = getattr(self._scratch, "bufs", None)
@@ -312,7 +341,11 @@ class RowEngine:
                 self.counters.add(io_errors=1)
                 self.warn_once(f"OSError{e.errno}", "kvformat tier: reading %s failed: %s; served as a miss", rel, e)
                 return None
-            if not self.plan.contiguous:
+            if self.plan.shards:
+                for shard in self.plan.shards:
+                    for w in shard.slots:
+                        self.plan.scatter_shard(shard, dst, self.flat[base + w * self.slot:base + (w + 1) * self.slot])
+            elif not self.plan.contiguous:
                 for r in range(self.copies):
                     self.plan.scatter(dst, self.flat[base + r * self.slot:base + (r + 1) * self.slot])
             elif self._arr is not None:
