@@ -331,7 +331,8 @@ def _static(values: tuple[str | None, ...], bpc: int, layers_key: Any) -> tuple[
                       pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1),
                       row=cast(str, m["kvf.row"]), writer=cast(str, m["kvf.writer"]),  # non-None: checked above
                       pp_layers=_pp_layers(m["kvf.pp_layers"]),
-                      cp_interleave=parse_uint("kvf.cp_interleave", m["kvf.cp_interleave"] or "1", minimum=1))
+                      cp_interleave=parse_uint("kvf.cp_interleave", m["kvf.cp_interleave"] or "1", minimum=1,
+                                              maximum=1 << 16))
     return layout, prov
 
 

@@ -401,6 +401,9 @@ class Provenance:
             raise SchemaError("kvf.row", f"expected one of {ROW_LAYOUTS}, got {self.row!r}")  # F-4.12
         parse_name("kvf.writer", self.writer, allow_empty=True)
         parse_uint("kvf.created", self.created)
+        pp_layers: Any = self.pp_layers
+        if not isinstance(pp_layers, tuple):  # a list from to_dict()/JSON: kept as a tuple, so hashable
+            object.__setattr__(self, "pp_layers", tuple(pp_layers))
         if self.pp_layers and (len(self.pp_layers) != self.pp
                                or not all(type(n) is int and 0 <= n <= MAX_LAYERS for n in self.pp_layers)):
             raise SchemaError("kvf.pp_layers", f"expected {self.pp} layer counts (kvf.pp), got "
@@ -411,7 +414,7 @@ class Provenance:
         out: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "dcp": self.dcp, "pcp": self.pcp, "row": self.row,
                                "writer": self.writer, "created": self.created}
         if self.pp_layers:
-            out["pp_layers"] = self.pp_layers
+            out["pp_layers"] = list(self.pp_layers)
         if self.cp_interleave != 1:
             out["cp_interleave"] = self.cp_interleave
         return out

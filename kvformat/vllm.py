@@ -241,7 +241,10 @@ def _split_index(name: str) -> tuple[str, int] | None:
     return ".".join(parts), idx
 
 
-def _pp_stages(cfg: Any, vc: Any) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], dict[str, str], tuple[int, ...]]:
+_Stages = tuple[tuple[tuple[str, ...], ...], tuple[str, ...], dict[str, str], tuple[int, ...]]
+
+
+def _pp_stages(cfg: Any, vc: Any) -> _Stages:
     """Per pipeline stage, the layer names its workers hold (in their group order); the group's layers in
     canonical (model) order; each layer's stage-0 counterpart; the decoder layers per stage.
 
@@ -321,9 +324,9 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
         if replicas is not None and par.dcp_size > 1:
             # vLLM counts CONSECUTIVE identical TP ranks, and DCP ranks are consecutive: with DCP it is 1 by
             # construction. Head sharding is what must be ruled out: count without DCP, by vLLM's own rule.
-            from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
+            from vllm.v1.core import kv_cache_planning  # kv_tp_replicas and this rule came together (0.34)
 
-            replicas = kv_cache_groups_tp_replicas(kv_cache_config.kv_cache_groups, par.tp_size, 1)
+            replicas = kv_cache_planning.kv_cache_groups_tp_replicas(kv_cache_config.kv_cache_groups, par.tp_size, 1)
         if replicas is not None and par.tp_size > 1 and replicas < par.tp_size:
             # vLLM's own count of consecutive TP ranks holding identical KV for EVERY layer: below the TP
             # size, some layer is head-sharded (a hybrid model), whatever its page size looks like.
@@ -390,7 +393,7 @@ def _sharded_facts(cfg: Any, vc: Any, groups: tuple[GroupFacts, ...], layers: di
                   if n not in layers else layers[n] for n in canonical}
     else:
         stages, canonical, counts = (stage0,), stage0, ()
-    facts = ParallelFacts(tp=par.tp_size, pp=par.pp_size, dcp=par.dcp_size, interleave=int(inter), stages=stages,
+    facts = ParallelFacts(tp=par.tp_size, pp=par.pp_size, dcp=par.dcp_size, interleave=int(inter or 1), stages=stages,
                           stage_layers=counts)
     return facts, (dataclasses.replace(g, layer_names=canonical),), layers
 

@@ -161,6 +161,9 @@ def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
                            pins={"opaque": "v1", "row.kv_cache_layout": "BLHNC", "row.worker_bytes_per_block": "96",
                                  "row.layers_sha256": "00" * 32})
     add("opaque-region-1.1", Lo, K.BlockKey("a8" * 16), _prov(row="per_worker"), 8)
+    # §4.4: written by a PP=2 x DCP=2 x TP=4 deployment: its partition and interleave are provenance only.
+    add("pp2-dcp2-provenance", K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 8, 64),
+        K.BlockKey("a9" * 16), _prov(tp=4, pp=2, dcp=2, row="per_worker", pp_layers=(1, 1), cp_interleave=8), 9)
     # §7: a newer minor with keys this reader does not know: accepted, keys kept in BlockHeader.extra.
     f, L, key, pay = base()
     doc, data = split(f)
@@ -184,6 +187,8 @@ PINS: dict[str, dict[str, str]] = {
                                          r"found \[.*'U8', \[4, 656\]\]$"},
     "dsa-role-mismatch": {"message": r"^layout mismatch on layers\[1\]\.role: expected \['mla', 'fp8_ds_mla'\], "
                                      r"found \['dsa_indexer', 'dsa_indexer_fp8'\]$"},
+    "pp-layers-wrong-count": {"message": r"^kvf\.pp_layers: expected 1 layer counts \(kvf\.pp\), got \[3, 1\]$"},
+    "cp-interleave-zero": {"message": r"^kvf\.cp_interleave: expected 1\.\.65536, got 0$"},
     "bad-dxxh3": {"message": r"^kvf\.dxxh3: expected 16 lowercase hex digits, got 'xyz'"},
     "bad-row": {"message": r"^kvf\.row: expected one of \(.*\), got 'sidewa"},
     "bad-version-syntax": {"message": r"^the version string is not MAJOR\.MINOR$"},
@@ -310,6 +315,10 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
         field="key.hash")
     add("bad-row", with_meta(f, kvf__row="sideways"), "SchemaError", "F-4.12", "kvf.row not a known row layout",
         field="kvf.row")
+    add("pp-layers-wrong-count", with_meta(f, kvf__pp_layers="3,1"), "SchemaError", "F-4.16",
+        "kvf.pp_layers lists 2 stages, kvf.pp says 1", field="kvf.pp_layers")
+    add("cp-interleave-zero", with_meta(f, kvf__cp_interleave="0"), "SchemaError", "F-4.16",
+        "kvf.cp_interleave 0", field="kvf.cp_interleave")
     add("bad-dxxh3", with_meta(f, kvf__dxxh3="xyz"), "SchemaError", "F-4.12", "kvf.dxxh3 not 16 hex digits",
         field="kvf.dxxh3")
     # §5 checksums
