@@ -22,6 +22,11 @@ Timings:
   same bytes, buffered and with O_DIRECT where the medium takes it. ``frac`` = tier GB/s / limit (store: the
   write limit of the same mode; load: the read limit).
 
+``--rows pp2,dcp2`` add pipeline- and decode-context-parallel rows planned by vLLM itself
+(tests/vllm_parallel.py): ``pp2`` is PP=2 x TP=tp/2, ``dcp2`` DCP=2 x TP=tp (GPU blocks of 32 tokens, the
+same 64-token logical block), so a cell of TP=8 compares 8-worker rows of every kind; kvformat assembles the
+stages / de-interleaves the DCP ranks' tokens into the one canonical file, the built-in tier writes the row.
+
 ``--peer c|python`` picks the built-in tier's path: ``c`` needs ``vllm.fs_io_C`` (a CUDA torch build, see
 ../shared/reference/vllm-fastpath.md); ``python`` forces its pure-Python fallback. Counters around
 ``batch_store_block_C`` / ``batch_load_block_C`` and the Python per-block functions show which one ran.
@@ -153,7 +158,7 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
             mgr.on_request_finished(ctx)
         mgr.on_schedule_end(_STEP)
     dep.evict_primary()
-    logical = chunks * dep.slot_bytes
+    logical = chunks * getattr(dep, "logical_bytes", dep.slot_bytes)
     return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9}
 
 
@@ -240,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="read and write threads of both tiers")
     ap.add_argument("--media", default="shm,disk")
     ap.add_argument("--tp", default="1,4,8")
-    ap.add_argument("--rows", default="replicated,per_worker")
+    ap.add_argument("--rows", default="replicated,per_worker",
+                    help="comma list of replicated, per_worker, pp2 (PP=2 x TP=tp/2), dcp2 (DCP=2 x TP=tp)")
     ap.add_argument("--requests", default="4", help="comma list: concurrent requests the chunks are split over")
     ap.add_argument("--shapes", default="v3", help=f"comma list of {','.join(SHAPES)}")
     ap.add_argument("--disk-dir", default=None, help="a directory on the local disk (default: the system temp dir)")
@@ -278,13 +284,54 @@ def main(argv: list[str] | None = None) -> int:
                 for row in a.rows.split(","):
                     for nreq in (int(x) for x in a.requests.split(",")):
                         run_cell(a, medium, media[medium], shape, label, slot, layers, tpb, width, dtype, tp,
-                                 row == "replicated", nreq, payloads, src, buf, direct)
+                                 row, nreq, payloads, src, buf, direct)
     return 0
 
 
+PARALLEL_ROWS = {"pp2": "PP=2 x TP=tp/2 (per-worker rows, each stage half the layers)",
+                 "dcp2": "DCP=2 x TP=tp (per-worker rows, each DCP rank half of each block's tokens)"}
+PARALLEL_FAMILY = {"v3": "deepseek-v3-bf16", "dsa": "deepseek-v3.2-fp8"}
+
+
+def parallel_deployment(tier: dict[str, Any], row: str, tp: int, shape: str, num_chunks: int,
+                        n_payloads: int) -> tuple[Any, list[bytes]]:
+    """A PP or DCP deployment planned by vLLM (tests/vllm_parallel.py) with the same logical chunk as the TP-only
+    cells (61 layers x 64 tokens), and ``n_payloads`` full rows as its workers would fill them (precomputed: the
+    timed cycle copies rows, as the GPU copy would, and compares whole rows after the load)."""
+    from vllm_parallel import ParallelDeployment
+
+    if shape not in PARALLEL_FAMILY:
+        raise SystemExit(f"--rows {row}: shapes {','.join(PARALLEL_FAMILY)} only")
+    pp, dcp, tp_ = (2, 1, tp // 2) if row == "pp2" else (1, 2, tp)
+    if tp_ < 1 or (dcp > 1 and tp_ % dcp):
+        raise SystemExit(f"--rows {row} needs a larger --tp than {tp}")
+    dep = ParallelDeployment(PARALLEL_FAMILY[shape], [tier], tp=tp_, pp=pp, dcp=dcp, block_size=64 // dcp, bpc=1,
+                             n_layers=61, num_chunks=num_chunks)
+    assert dep._rows is not None
+    rows = []
+    for i in range(n_payloads):
+        ParallelDeployment._write_row(dep, 0, (None, f"bench{i}"))
+        rows.append(dep._rows[0].tobytes())
+    dep._rows[0] = 0
+    dep.logical_bytes = sum(len(v) for v in dep.expected("bench0").values())
+
+    def write_row(chunk_id: int, payload: bytes) -> None:
+        assert dep._rows is not None
+        dep._rows[chunk_id] = np.frombuffer(payload, dtype=np.uint8)
+
+    def read_row(chunk_id: int, raw: bool = False) -> bytes:
+        assert dep._rows is not None
+        return dep._rows[chunk_id].tobytes()
+
+    dep._write_row, dep._read_row = write_row, read_row
+    return dep, rows
+
+
 def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: str, slot: int, layers: int,
-             tpb: int, width: int, dtype: str, tp: int, replicated: bool, nreq: int, payloads: list[bytes],
+             tpb: int, width: int, dtype: str, tp: int, row: str, nreq: int, payloads: list[bytes],
              src: np.ndarray, buf: list[np.ndarray], direct: bool) -> None:
+    replicated = row == "replicated"
+    cell_payloads = payloads
     deps: dict[str, Any] = {}
     roots: dict[str, Path] = {}
     names = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
@@ -302,10 +349,13 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
             lnames = ([x for i in range(layers // 2) for x in (f"model.layers.{i}.self_attn.attn",
                                                               f"model.layers.{i}.self_attn.indexer.k_cache")]
                      if shape == "dsa" else None)
-            deps[name] = Deployment([tier], tp=tp, replicated=replicated, blocks_per_chunk=1, n_layers=layers,
-                                    tokens_per_block=tpb, width=width, dtype=dtype,
-                                    model="deepseek-ai/DeepSeek-V3.2" if shape == "dsa" else MODEL,
-                                    num_chunks=a.chunks + 2, layer_names=lnames)
+            if row in PARALLEL_ROWS:
+                deps[name], cell_payloads = parallel_deployment(tier, row, tp, shape, a.chunks + 2, len(payloads))
+            else:
+                deps[name] = Deployment([tier], tp=tp, replicated=replicated, blocks_per_chunk=1, n_layers=layers,
+                                        tokens_per_block=tpb, width=width, dtype=dtype,
+                                        model="deepseek-ai/DeepSeek-V3.2" if shape == "dsa" else MODEL,
+                                        num_chunks=a.chunks + 2, layer_names=lnames)
             if name == "kvf" and shape == "dsa":
                 roles = {l.role for l in deps[name].tier().layout.layers}
                 assert roles == {"mla", "dsa_indexer"}, roles  # the real DSA table, not uniform pages
@@ -316,7 +366,7 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
             for name in names:
                 os.sync()  # neither contender pays for the other's (or a previous run's) writeback
                 with Fallback() if name == "kvpy" else contextlib.nullcontext():
-                    r = cycle(deps[name], f"{name}{rep}{tp}{replicated}{nreq}{shape}", a.chunks, nreq, payloads,
+                    r = cycle(deps[name], f"{name}{rep}{tp}{row}{nreq}{shape}", a.chunks, nreq, cell_payloads,
                               roots[name], ".bin" if name == "fs" else ".kvf")
                 for k in ("store", "load"):
                     res[name][k].append(r[k])
@@ -333,7 +383,8 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
     wlim, rlim = statistics.median(lim[f"write {mode}"]), statistics.median(lim[f"read {mode}"])
     calls = {k: CALLS[k] - before[k] for k in CALLS}
     f, k = res["fs"], res["kvf"]
-    row = "replicated" if replicated else "per_worker"
+    if row in PARALLEL_ROWS:
+        row = PARALLEL_ROWS[row].replace("tp/2", str(tp // 2)).replace("TP=tp", f"TP={tp}")
     print(f"\n[{medium} {label} ({slot:,} B) TP={tp} {row} requests={nreq}]  built-in calls: "
           + ", ".join(f"{n} {c}" for n, c in calls.items() if c)
           + f"; disk/chunk fs {files['fs'][1] / max(1, files['fs'][0]) / 1e6:.2f} MB, "

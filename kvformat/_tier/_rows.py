@@ -343,8 +343,12 @@ class RowEngine:
                 return None
             if self.plan.shards:
                 for shard in self.plan.shards:
-                    for w in shard.slots:
-                        self.plan.scatter_shard(shard, dst, self.flat[base + w * self.slot:base + (w + 1) * self.slot])
+                    # Scatter (strided, per token run) into one slot of the shard, then copy its used bytes
+                    # whole into the replicas (a GIL-free memmove: the fan-out of a per-worker row).
+                    first = base + shard.slots[0] * self.slot
+                    self.plan.scatter_shard(shard, dst, self.flat[first:first + self.slot])
+                    for w in shard.slots[1:]:
+                        ctypes.memmove(self._addr + base + w * self.slot, self._addr + first, shard.used)
             elif not self.plan.contiguous:
                 for r in range(self.copies):
                     self.plan.scatter(dst, self.flat[base + r * self.slot:base + (r + 1) * self.slot])
