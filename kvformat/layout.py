@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from ._spec import OPAQUE_LAYER, CanonicalLayout, LayerSpec, st_dtype_for
@@ -36,6 +36,7 @@ from .errors import SchemaError
 __all__ = [
     "ROLE_MLA", "ROLE_INDEXER", "ROLE_OPAQUE", "PACKED_DTYPES", "LayerFacts", "GroupFacts", "DeploymentFacts",
     "RowPlan", "Shard", "ParallelFacts", "plan_groups", "role_from_name", "formula_layer", "cp_canonical_token",
+    "pp_stage_names", "stage_layer_facts",
 ]
 
 ROLE_MLA = "mla"
@@ -120,6 +121,71 @@ def cp_canonical_token(local: int, cp_rank: int, cp_size: int, interleave: int) 
     local token ``local``: vLLM's interleave (``canonical_mapping._local_to_canonical_token``)."""
     chunk, pos = divmod(local, interleave)
     return (chunk * cp_size + cp_rank) * interleave + pos
+
+
+def _split_index(name: str) -> tuple[str, int] | None:
+    """``name`` as (template with ``{}`` for its layer index, the index), by vLLM's rule for layer names
+    (``extract_layer_index``: exactly one dot-separated integer component); None otherwise."""
+    parts = name.split(".")
+    pos = [i for i, p in enumerate(parts) if p.isdigit()]
+    if len(pos) != 1:
+        return None
+    idx = int(parts[pos[0]])
+    parts[pos[0]] = "{}"
+    return ".".join(parts), idx
+
+
+def pp_stage_names(stage0: Sequence[str], ranges: Sequence[tuple[int, int]]
+                   ) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], dict[str, str]]:
+    """The layer names of every pipeline stage, from stage 0's names and the partition ``ranges``
+    (``[(first layer, end)]`` per stage: vLLM's ``get_pp_indices``, or a legacy tree's recorded partition).
+
+    Stage 0 must hold exactly layers ``ranges[0]``, each with the same modules (name templates), in
+    layer-major or module-major order; the other stages are named and ordered the same way. Returns
+    (names per stage, the group's names in model order, each name's stage-0 counterpart). Raises
+    SchemaError when stage 0's names are not of that form (the other stages cannot then be named).
+    """
+    split = [_split_index(n) for n in stage0]
+    if not stage0 or any(x is None for x in split):
+        raise SchemaError("parallel", "pipeline parallelism: a layer name without exactly one layer index; the "
+                          "other stages' layers cannot be named; not stored")
+    templates = list(dict.fromkeys(x[0] for x in split if x is not None))
+    lo, hi = ranges[0]
+
+    def order(idx: range, major: str) -> list[str]:
+        if major == "index":
+            return [t.format(i) for i in idx for t in templates]
+        return [t.format(i) for t in templates for i in idx]
+
+    major = next((m for m in ("index", "template") if order(range(lo, hi), m) == list(stage0)), None)
+    if major is None or lo != 0 or any(b < a for a, b in ranges):
+        raise SchemaError("parallel", f"pipeline parallelism: stage 0's layers are not layers {lo}..{hi - 1} of the "
+                          "partition with the same modules each; not stored")
+    if any(ranges[i][1] != ranges[i + 1][0] for i in range(len(ranges) - 1)):
+        raise SchemaError("parallel", f"the partition {list(ranges)} is not contiguous")
+    stages = tuple(tuple(order(range(a, b), major)) for a, b in ranges)
+    canonical = tuple(order(range(0, ranges[-1][1]), major))
+    twin = {}
+    for n in canonical:
+        sp = _split_index(n)
+        assert sp is not None
+        twin[n] = sp[0].format(lo)
+    return stages, canonical, twin
+
+
+def stage_layer_facts(stage0: Mapping[str, LayerFacts], canonical: Sequence[str],
+                      twin: Mapping[str, str]) -> dict[str, LayerFacts]:
+    """Every stage's LayerFacts from stage 0's (each layer is its stage-0 counterpart's module, renamed).
+
+    Raises SchemaError when two stage-0 layers of one module differ (then stage 0 does not describe the
+    others)."""
+    for n, lf in stage0.items():
+        b = stage0.get(twin.get(n, n), lf)
+        if (lf.role, lf.kv_dtype, lf.st_dtype, lf.shape, lf.page) != (b.role, b.kv_dtype, b.st_dtype, b.shape, b.page):
+            raise SchemaError("parallel", f"layers {n} and {b.name} (one module, two layers) differ: the other "
+                              "stages' layers cannot be described from stage 0's; not stored")
+    return {n: stage0[n] if n in stage0 else replace(stage0[twin[n]], name=n, gpu_offset=None, gpu_block_stride=None)
+            for n in canonical}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ vLLM is imported only by this module.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -53,7 +52,7 @@ from . import __version__
 from ._spec import FILE_SUFFIX, CanonicalLayout, Provenance
 from .layout import (
     ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer,
-    plan_groups,
+    plan_groups, pp_stage_names, stage_layer_facts,
     role_from_name,
 )
 from ._tier._config import TierConfig
@@ -229,29 +228,14 @@ def _pins_from_vllm(vc: Any) -> dict[str, str]:
     return pins
 
 
-def _split_index(name: str) -> tuple[str, int] | None:
-    """``name`` as (template with ``{}`` for its layer index, the index), by vLLM's rule for layer names
-    (``extract_layer_index``: exactly one dot-separated integer component); None otherwise."""
-    parts = name.split(".")
-    pos = [i for i, p in enumerate(parts) if p.isdigit()]
-    if len(pos) != 1:
-        return None
-    idx = int(parts[pos[0]])
-    parts[pos[0]] = "{}"
-    return ".".join(parts), idx
-
-
-_Stages = tuple[tuple[tuple[str, ...], ...], tuple[str, ...], dict[str, str], tuple[int, ...]]
-
-
-def _pp_stages(cfg: Any, vc: Any) -> _Stages:
-    """Per pipeline stage, the layer names its workers hold (in their group order); the group's layers in
-    canonical (model) order; each layer's stage-0 counterpart; the decoder layers per stage.
+def _pp_stages(cfg: Any, vc: Any) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], dict[str, str],
+                                           tuple[int, ...]]:
+    """Per pipeline stage, the layer names its workers hold; the group's layers in canonical (model) order;
+    each layer's stage-0 counterpart; the decoder layers per stage (:func:`kvformat.layout.pp_stage_names`).
 
     The scheduler's KV-cache config and offloading config are stage 0's (``generate_scheduler_kv_cache_config``
     takes worker 0's). The other stages' layers follow from vLLM's own partition, ``get_pp_indices``
-    (which honours ``VLLM_PP_LAYER_PARTITION``), over the model's ``num_hidden_layers``, applied to stage 0's
-    per-layer name templates; stage 0's names must be exactly that partition's first range.
+    (which honours ``VLLM_PP_LAYER_PARTITION``), over the model's ``num_hidden_layers``.
     """
     from vllm.distributed.utils import get_pp_indices
 
@@ -266,28 +250,7 @@ def _pp_stages(cfg: Any, vc: Any) -> _Stages:
         raise SchemaError("parallel", "pipeline parallelism with speculative decoding (MTP layers outside the "
                           "decoder stack, on the last stage only) is not supported; not stored")
     ranges = [get_pp_indices(n_layers, s, pp) for s in range(pp)]
-    names0 = tuple(cfg.groups[0].layer_names)
-    split = [_split_index(n) for n in names0]
-    if any(x is None for x in split):
-        raise SchemaError("parallel", "pipeline parallelism: a layer name without exactly one layer index; "
-                          "the other stages' layers cannot be named; not stored")
-    templates = list(dict.fromkeys(t for t, _ in split))  # type: ignore[misc]
-    lo, hi = ranges[0]
-
-    def order(idx: range, major: str) -> list[str]:
-        if major == "index":
-            return [t.format(i) for i in idx for t in templates]
-        return [t.format(i) for t in templates for i in idx]
-
-    major = next((m for m in ("index", "template") if order(range(lo, hi), m) == list(names0)), None)
-    if major is None:
-        raise SchemaError("parallel", f"pipeline parallelism: stage 0's layers are not layers {lo}..{hi - 1} of "
-                          "vLLM's partition with the same modules each; not stored")
-    stages = tuple(tuple(order(range(a, b), major)) for a, b in ranges)
-    canonical = tuple(order(range(0, n_layers), major))
-    # Each layer's stage-0 counterpart: the same module of stage 0's first layer (the caller checks that
-    # every stage-0 layer of one module has the same facts, so any of them describes the others).
-    twin = {n: _split_index(n)[0].format(lo) for n in canonical}  # type: ignore[index]
+    stages, canonical, twin = pp_stage_names(tuple(cfg.groups[0].layer_names), ranges)
     return stages, canonical, twin, tuple(b - a for a, b in ranges)
 
 
@@ -384,18 +347,12 @@ def _sharded_facts(cfg: Any, vc: Any, groups: tuple[GroupFacts, ...], layers: di
     stage0 = tuple(g.layer_names)
     if par.pp_size > 1:
         stages, canonical, twin, counts = _pp_stages(cfg, vc)
-        for n in stage0:
-            a, b = layers[n], layers[twin[n]]
-            if (a.role, a.kv_dtype, a.st_dtype, a.shape, a.page) != (b.role, b.kv_dtype, b.st_dtype, b.shape, b.page):
-                raise SchemaError("parallel", f"layers {n} and {twin[n]} (one module, two layers) differ: the other "
-                                  "stages' layers cannot be described from stage 0's; not stored")
-        layers = {n: dataclasses.replace(layers[twin[n]], name=n, gpu_offset=None, gpu_block_stride=None)
-                  if n not in layers else layers[n] for n in canonical}
+        layers = stage_layer_facts(layers, canonical, twin)
     else:
         stages, canonical, counts = (stage0,), stage0, ()
     facts = ParallelFacts(tp=par.tp_size, pp=par.pp_size, dcp=par.dcp_size, interleave=int(inter or 1), stages=stages,
                           stage_layers=counts)
-    return facts, (dataclasses.replace(g, layer_names=canonical),), layers
+    return facts, (GroupFacts(g.group, g.tokens_per_block, canonical, g.kind),), layers
 
 
 def derive_plans(spec: "OffloadingSpec", revision: str | None = None,
