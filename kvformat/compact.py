@@ -358,8 +358,12 @@ def check_destination(src: str, dst: str) -> None:
 
 def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_source: bool = False,
             page_bytes: int | None = None, codec: str = "none", level: int = 3, fsync: bool = False,
-            mode: int | None = None, progress: CompactProgress | None = None) -> CompactReport:
+            mode: int | None = None, progress: CompactProgress | None = None,
+            pp_layers: tuple[int, ...] | None = None, cp_interleave: int = 1) -> CompactReport:
     """Compact the legacy root ``src`` into the kvformat root ``dst``. See the module docstring.
+
+    ``pp_layers`` / ``cp_interleave``: a pipeline-parallel writer's partition and a DCP writer's token
+    interleave, which config.json does not record (:func:`kvformat.legacy.infer_row` checks them).
 
     ``progress`` (optional) gets the total, each file and the failure lines.
     ``mode``: exact permission bits of the files written (directories created get ``dir_mode(mode)``);
@@ -370,19 +374,22 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
     check_destination(src, dst)
     if mode is None or dry_run:
         return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
-                        codec=codec, level=level, fsync=fsync, mode=None, progress=progress or _Silent())
+                        codec=codec, level=level, fsync=fsync, mode=None, progress=progress or _Silent(),
+                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave})
     # A umask no wider than the mode while writing: a file or directory is never created more open than
     # asked, not even between its creation and the chmod. The CLI is its own process; restored after.
     old = os.umask(0o777 & ~dir_mode(mode))
     try:
         return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
-                        codec=codec, level=level, fsync=fsync, mode=mode, progress=progress or _Silent())
+                        codec=codec, level=level, fsync=fsync, mode=mode, progress=progress or _Silent(),
+                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave})
     finally:
         os.umask(old)
 
 
 def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: bool, page_bytes: int | None,
-             codec: str, level: int, fsync: bool, mode: int | None, progress: CompactProgress) -> CompactReport:
+             codec: str, level: int, fsync: bool, mode: int | None, progress: CompactProgress,
+             hints: dict[str, Any] | None = None) -> CompactReport:
     t0 = time.monotonic()
     skipped: list[Ignored] = []
     cfg_errors: list[LegacyLayoutError] = []
@@ -401,7 +408,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
         for group, gfiles in sorted(by_group.items()):
             size = Counter(f.size for f in gfiles).most_common(1)[0][0]
             try:
-                row = infer_row(ns, group, size, page_bytes=page_bytes)
+                row = infer_row(ns, group, size, page_bytes=page_bytes, **(hints or {}))
             except LegacyLayoutError as e:
                 e.with_path(os.path.join(ns.root, ns.base))
                 rep.layout_errors.append(str(e))

@@ -36,7 +36,10 @@ from ._header import xxh3_hex
 from ._io import UnsafeFileError, is_regular_file, read_small_file, write_atomic
 from ._spec import BlockKey, CanonicalLayout, Provenance
 from .errors import LegacyLayoutError, ReplicaMismatchError, SchemaError
-from .layout import DeploymentFacts, GroupFacts, formula_layer, plan_groups
+from .layout import (
+    DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer, plan_groups, pp_stage_names,
+    stage_layer_facts,
+)
 
 __all__ = [
     "ROW_ALIGN", "LegacyNamespace", "LegacyFile", "RowLayout", "Ignored", "find_namespaces", "is_legacy_root",
@@ -189,6 +192,10 @@ class RowLayout:
     layout: CanonicalLayout
     provenance_tp: int
     parallel: Mapping[str, int] = field(default_factory=dict)
+    # Pipeline / DCP rows: the plan that assembles the payload from the stages' and DCP ranks' slots.
+    plan: RowPlan | None = None
+    pp_layers: tuple[int, ...] = ()
+    cp_interleave: int = 1
 
     @property
     def padding(self) -> int:
@@ -401,7 +408,8 @@ def _dir_ok(e: os.DirEntry[str], root_real: str, skip: Any) -> bool:
 
 # -- row layout ---------------------------------------------------------------------------------------
 def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: int | None = None,
-              kv_cache_layout: str = "LBNHC") -> RowLayout:
+              kv_cache_layout: str = "LBNHC", pp_layers: Sequence[int] | None = None,
+              cp_interleave: int = 1) -> RowLayout:
     """The row layout of a ``file_size``-byte file of ``group``, from config.json and the size.
 
     Unknowns are the bytes per block and the padding: ``row = round_up(bytes_per_block * bpf * copies,
@@ -410,6 +418,14 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     models, padded rows), a format the model knows exactly breaks the tie; otherwise ``page_bytes`` (CLI
     ``--page-bytes``, one layer's page of a uniform model) must say. config.json does not record the KV
     cache layout: ``kv_cache_layout`` is the writer's (vLLM's default layer-outer ``LBNHC`` unless told).
+
+    Pipeline-parallel rows (``pp_size`` > 1) hold each stage's layers in that stage's workers' slots, and
+    config.json names only stage 0's layers (vLLM's scheduler config is stage 0's): ``pp_layers`` is the
+    writer's partition (decoder layers per stage, CLI ``--pp-layers``), checked against config.json's stage 0,
+    against vLLM's per-worker slot (a stage never holds more than stage 0) and, per file, against the bytes
+    (the slot bytes past a stage's layers are never written by vLLM, so they must be zero). DCP rows
+    (``dcp_size`` > 1) hold each DCP rank's tokens of a block; ``cp_interleave`` is vLLM's
+    ``cp_kv_cache_interleave_size`` (CLI ``--cp-interleave``, vLLM's default 1), which config.json does not record.
 
     Raises LegacyLayoutError (``hint`` names the CLI flag when a hint would resolve it).
     """
@@ -423,14 +439,21 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if not names or tpb <= 0:
         raise LegacyLayoutError(f"group {group} has no layers or tokens_per_block", path=where)
     par = ns.parallel()
-    if par["pp"] > 1:
+    if par["pcp"] > 1:
         raise LegacyLayoutError(
-            f"pipeline-parallel rows (pp_size={par['pp']}) are not supported: each stage's slot holds only its "
-            "own layers and config.json does not record which layers a stage owns", path=where)
-    if par["dcp"] > 1 or par["pcp"] > 1:
+            f"prefill-context-parallel rows (pcp_size={par['pcp']}) are not supported (as in the tier)", path=where)
+    if par["pp"] > 1 and pp_layers is None:
         raise LegacyLayoutError(
-            f"context-parallel rows (dcp_size={par['dcp']}, pcp_size={par['pcp']}) are not supported: worker "
-            "slots hold different tokens of a block", path=where)
+            f"pipeline-parallel rows (pp_size={par['pp']}): each stage's slot holds only its own layers and "
+            "config.json names only stage 0's; give the writer's partition (decoder layers per stage)",
+            hint="--pp-layers", path=where)
+    if pp_layers is not None and (par["pp"] == 1 or len(pp_layers) != par["pp"] or min(pp_layers) < 1):
+        raise LegacyLayoutError(f"--pp-layers {','.join(map(str, pp_layers))} does not give {par['pp']} stage(s) "
+                                "of at least one layer (config.json's pp_size)", path=where)
+    sharded = par["pp"] > 1 or par["dcp"] > 1
+    if sharded and (tpb % par["dcp"] or (tpb // par["dcp"]) % cp_interleave):
+        raise LegacyLayoutError(f"tokens_per_block {tpb} does not split into {par['dcp']} DCP ranks of whole "
+                                f"interleave runs of {cp_interleave}", path=where)
     if ns.canonical_format:
         raise LegacyLayoutError(
             f"canonical rows ({ns.canonical_format}) are not supported: where the canonical pages sit in the row "
@@ -442,7 +465,11 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
                                 "layers sit in the row, so no per-layer table can be proven", path=where)
     bpf = ns.blocks_per_file
     kind = "replicated" if ns.replicated else "per_worker"
-    copies = 1 if kind != "per_worker" else par["tp"]
+    copies = 1 if kind != "per_worker" else par["tp"] * par["pp"]
+    if sharded and kind != "per_worker":
+        raise LegacyLayoutError("pipeline/decode-context parallel rows are per-worker rows in vLLM, but config.json "
+                                "says replicated_layout", path=where)
+    full_tpb, tpb = tpb, tpb // par["dcp"]  # a worker's block holds tokens_per_block / dcp tokens
     unit = bpf * copies  # row bytes per byte of worker_kv_bytes_per_block (before the 4096 padding)
     if page_bytes is not None:
         # The hint is one layer's page of a uniform model (what --page-bytes has always meant).
@@ -484,9 +511,46 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         raise LegacyLayoutError(f"size {file_size} fits no row of {len(names)} layers x {bpf} blocks x "
                                 f"{copies} slots that kvformat can describe layer by layer")
     w, plan = plans[0]
+    if sharded:
+        return _sharded_row(ns, group, file_size, w, plan, full_tpb, par, tuple(pp_layers or ()), cp_interleave,
+                            kv_cache_layout, where)
     return RowLayout(kind=kind, copies=copies, page_bytes=plan.layout.layers[0].page_bytes, slot_bytes=w * bpf,
                      row_bytes=file_size, layout=plan.layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
                      parallel=par)
+
+
+def _sharded_row(ns: LegacyNamespace, group: int, file_size: int, w: int, stage0: RowPlan, full_tpb: int,
+                 par: Mapping[str, int], pp_layers: tuple[int, ...], inter: int, kv_cache_layout: str,
+                 where: str) -> RowLayout:
+    """The row of a PP and/or DCP writer: stage 0's layers as inferred, the other stages named by the partition,
+    and the plan that assembles the canonical payload (the same rule as the tier: kvformat.layout)."""
+    lay = stage0.layout
+    names = tuple(l.name for l in lay.layers)
+    facts0 = {l.name: LayerFacts(l.name, l.role, l.kv_dtype or lay.kv_dtype, l.dtype, tuple(l.shape), l.page_bytes)
+              for l in lay.layers}
+    try:
+        if par["pp"] > 1:
+            ranges, start = [], 0
+            for n in pp_layers:
+                ranges.append((start, start + n))
+                start += n
+            stages, canonical, twin = pp_stage_names(names, ranges)
+            facts = stage_layer_facts(facts0, canonical, twin)
+        else:
+            stages, canonical, facts = (names,), names, facts0
+        pf = ParallelFacts(tp=par["tp"], pp=par["pp"], dcp=par["dcp"], interleave=inter, stages=stages,
+                           stage_layers=pp_layers)
+        df = DeploymentFacts(model=ns.model, kv_dtype=ns.dtype, tokens_per_hash=ns.tokens_per_hash or full_tpb,
+                             blocks_per_chunk=ns.blocks_per_file, worker_bytes_per_block=w,
+                             groups=(GroupFacts(group, full_tpb, canonical),), row="per_worker",
+                             copies=par["tp"] * par["pp"], kv_cache_layout=kv_cache_layout, layers=facts,
+                             source="legacy config.json + file size + partition", parallel=pf)
+        plan = plan_groups(df)[group]
+    except SchemaError as e:
+        raise LegacyLayoutError(e.message, path=where) from None
+    return RowLayout(kind="per_worker", copies=par["tp"] * par["pp"], page_bytes=lay.layers[0].page_bytes,
+                     slot_bytes=w * ns.blocks_per_file, row_bytes=file_size, layout=plan.layout,
+                     provenance_tp=par["tp"], parallel=par, plan=plan, pp_layers=pp_layers, cp_interleave=inter)
 
 
 def _addr(buf: memoryview) -> int:
@@ -508,6 +572,8 @@ def extract_payload(row: RowLayout, buf: memoryview, *, path: str | None = None)
     across TP ranks); otherwise ReplicaMismatchError lists each slot's xxh3.
     """
     s = row.slot_bytes
+    if row.plan is not None and row.plan.shards:
+        return _assemble(row, row.plan, buf, path)
     if row.copies > 1:
         same = True
         base = _addr(buf) if _memcmp is not None else None
@@ -523,11 +589,33 @@ def extract_payload(row: RowLayout, buf: memoryview, *, path: str | None = None)
     return buf[:s]
 
 
+def _assemble(row: RowLayout, plan: RowPlan, buf: memoryview, path: str | None) -> memoryview:
+    """The canonical payload of a PP/DCP row: each shard's replicas must agree, and the slot bytes past a
+    stage's layers (never written by vLLM) must be zero, else the partition does not describe this file."""
+    s = row.slot_bytes
+    out = memoryview(bytearray(row.layout.payload_bytes))
+    for shard in plan.shards:
+        first = shard.slots[0] * s
+        ref = buf[first:first + shard.used]
+        for w in shard.slots[1:]:
+            if buf[w * s:w * s + shard.used] != ref:
+                raise ReplicaMismatchError([xxh3_hex(buf[x * s:x * s + shard.used]) for x in shard.slots], path=path)
+        for w in shard.slots:
+            tail = buf[w * s + shard.used:(w + 1) * s]
+            if tail.nbytes and tail != bytes(tail.nbytes):
+                raise LegacyLayoutError(
+                    f"worker {w}'s slot holds data past its stage's {shard.used} bytes of layers: the partition "
+                    f"{','.join(map(str, row.pp_layers))} does not describe this file", hint="--pp-layers", path=path)
+        plan.gather_shard(shard, buf[first:first + s], out)
+    return out
+
+
 def provenance_for(row: RowLayout, created: int, writer: str) -> Provenance:
-    """Provenance of a compacted file: who wrote the legacy row (tp/pp/row kind) and when."""
+    """Provenance of a compacted file: who wrote the legacy row (tp/pp/row kind, partition) and when."""
     p = row.parallel
     return Provenance(tp=row.provenance_tp, pp=p.get("pp", 1), dcp=p.get("dcp", 1), pcp=p.get("pcp", 1),
-                      row=row.kind, writer=writer, created=created)
+                      row=row.kind, writer=writer, created=created, pp_layers=row.pp_layers,
+                      cp_interleave=row.cp_interleave if p.get("dcp", 1) > 1 else 1)
 
 
 def key_for(f: LegacyFile) -> BlockKey:

@@ -143,3 +143,60 @@ def test_pp_without_vllms_config_is_refused(tmp_path):
                       worker_kv_bytes_per_block=4 * 16 * 576 * 2)
     with pytest.raises(SchemaError, match=r"the tier did not find; not stored"):
         TieringOffloadingSpec(cfg).get_manager()
+
+
+# -- legacy trees written by vLLM's own fs tier at PP > 1 / DCP > 1 ----------------------------------------
+def _legacy_tree(src, family, tp, pp=1, dcp=1, **kw):
+    """vLLM's REAL built-in fs tier stores chunks of a PP/DCP deployment (whole rows, every worker's slot)."""
+    from vllm_harness import fs_tier
+
+    keys = make_keys(3, "legacy")
+    seeds = {k: i for i, k in enumerate(keys)}
+    with ParallelDeployment(family, [fs_tier(str(src))], tp=tp, pp=pp, dcp=dcp, block_size=LOGICAL // dcp,
+                            **{"n_layers": 7, "bpc": 2, **kw}) as d:
+        assert d.store(seeds) == keys
+    assert len(list(src.rglob("*.bin"))) == len(keys)
+    return seeds
+
+
+def test_legacy_pp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
+    import json
+
+    from kvformat._cli import main
+
+    src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
+    seeds = _legacy_tree(src, "glm-5-fp8", 4, pp=2)
+    # config.json names stage 0's layers only: the partition must be given ...
+    assert main(["compact", str(src), str(dst), "--json"]) == 2
+    assert "--pp-layers" in capsys.readouterr().out
+    # ... and a partition the files contradict (stage 1 holds 3 layers, not 2) converts nothing.
+    assert main(["compact", str(src), str(tmp_path / "bad"), "--pp-layers", "4,2", "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["converted"] == 0 and {f["reason"] for f in rep["failures"]} == {"LegacyLayoutError"}
+    assert main(["compact", str(src), str(dst), "--pp-layers", "4,3", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["converted"] == 3 and rep["failed"] == 0
+    fs = files(str(dst))
+    prov = K.read_header(fs[0]).provenance
+    assert (prov.pp, prov.tp, prov.pp_layers) == (2, 4, (4, 3))
+    with deploy(str(dst), "glm-5-fp8", 8) as r:
+        assert r.tier().namespace in fs[0]
+        assert r.load_checked(seeds) == dict.fromkeys(seeds, True)
+
+
+def test_legacy_dcp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
+    from kvformat._cli import main
+
+    src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
+    seeds = _legacy_tree(src, "deepseek-v3-bf16", 4, dcp=2, interleave=4)
+    assert main(["compact", str(src), str(dst), "--cp-interleave", "4"]) == 0
+    capsys.readouterr()
+    with deploy(str(dst), "deepseek-v3-bf16", 8) as r:
+        assert r.load_checked(seeds) == dict.fromkeys(seeds, True)
+    # The interleave is not in config.json: a wrong one yields other files, which the TP=8 reader rejects
+    # byte for byte (this is why it is an explicit option, documented as the writer's vLLM setting).
+    dst2 = tmp_path / "kvf2"
+    assert main(["compact", str(src), str(dst2)]) == 0
+    capsys.readouterr()
+    with deploy(str(dst2), "deepseek-v3-bf16", 8) as r:
+        assert set(r.load_checked(seeds).values()) == {False}

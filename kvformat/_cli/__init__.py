@@ -21,6 +21,7 @@ from ._util import (
     int_arg,
     iso,
     jobs_arg,
+    layers_arg,
     mode_arg,
     progress_wanted,
     shown,
@@ -130,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="remove each source file after its output is written and read back verified")
     s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
                    help="bytes of one block of one layer, when the file size allows several layouts")
+    s.add_argument("--pp-layers", type=layers_arg, default=None, metavar="N,N,...",
+                   help="a pipeline-parallel writer's partition: decoder layers per stage (e.g. 31,30; vLLM's "
+                        "get_pp_indices or VLLM_PP_LAYER_PARTITION); config.json names stage 0's layers only")
+    s.add_argument("--cp-interleave", type=int_arg(1, 1 << 16, "a token count"), default=1, metavar="N",
+                   help="a DCP writer's cp_kv_cache_interleave_size (vLLM's default 1; config.json omits it)")
     s.add_argument("--codec", choices=("none", "zstd"), default="none", help="payload codec (default none)")
     s.add_argument("--level", type=int_arg(0, 22, "a zstd level"), default=3, metavar="N",
                    help="zstd level 0..22 (default 3; used with --codec zstd)")
@@ -360,7 +366,7 @@ def _cmd_compact(a: argparse.Namespace) -> int:
     try:
         rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
                       page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync, mode=a.mode,
-                      progress=bar)
+                      progress=bar, pp_layers=a.pp_layers, cp_interleave=a.cp_interleave)
     finally:
         bar.close()
     if a.json:

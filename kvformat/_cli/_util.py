@@ -102,6 +102,12 @@ def int_arg(lo: int, hi: int | None = None, what: str = "an integer") -> Callabl
 jobs_arg = int_arg(1, MAX_JOBS, "a thread count")
 
 
+def layers_arg(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated layer counts, each at least 1 (a pipeline partition)."""
+    count = int_arg(1, 1024, "a layer count")
+    return tuple(count(x.strip()) for x in text.split(","))
+
+
 def size_arg(text: str) -> int:
     """An argparse type: kvformat's one size syntax (kvformat._sizes)."""
     try:
