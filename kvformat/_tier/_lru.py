@@ -28,7 +28,9 @@ Exactness under races (each one has a test in tests/test_index.py):
   bound holds over every file the tier knows from the first store on. The exact slack: files the
   scan has not listed yet are unknown, so storage may hold ``max_bytes`` plus the bytes of the
   files still to be listed (zero once the scan ends), plus pinned files the bound could not evict
-  (see ``reserve``), plus victims handed out and not yet deleted.
+  (see ``reserve``), plus files of concurrent writes that found nothing indexed to evict when they
+  reserved, plus victims handed out and not yet deleted. The slack ends with its cause: ``add`` and
+  the last ``unpin`` of a file report an index over the bound, and the caller evicts then.
 """
 
 from __future__ import annotations
@@ -99,11 +101,14 @@ class LRUIndex:
             return cold + list(self._hot)
 
     # -- updates ---------------------------------------------------------------------------------
-    def add(self, relpath: str, size: int, *, reserved: int = 0) -> None:
-        """Record a file this tier just wrote as most recently used.
+    def add(self, relpath: str, size: int, *, reserved: int = 0) -> list[tuple[str, int]]:
+        """Record a file this tier just wrote as most recently used; returns files to delete, as :meth:`reserve`.
 
         ``reserved``: the bytes ``reserve(reserved, relpath)`` set aside for this write; they are released
-        and the write of ``relpath`` ends (others may index the file from now on).
+        and the write of ``relpath`` ends (others may index the file from now on). Victims are handed out
+        when the bound is exceeded now: concurrent writes may each have reserved room that no indexed file
+        could give back then (their files were not indexed yet), and without this the excess would stay
+        until some later write. The new file itself is kept.
         """
         with self._lock:
             self._reserved -= reserved
@@ -115,6 +120,7 @@ class LRUIndex:
                 pin[2] = self._event_locked()
             if reserved:
                 self._end_write_locked(relpath)
+            return self._victims_locked(keep=relpath)
 
     def add_found(self, relpath: str, size: int, since: int = 0) -> bool:
         """Index a file found on storage (read by a load or probe under a pin taken before the read).
@@ -213,22 +219,25 @@ class LRUIndex:
             # this token) records that the file this read may have seen was deleted.
             return self._events
 
-    def unpin(self, relpath: str) -> None:
-        """Release one :meth:`pin`."""
+    def unpin(self, relpath: str) -> bool:
+        """Release one :meth:`pin`. True when that was the file's last pin and the index is over the bound:
+        the bound may have skipped the file while pinned, and the caller should evict (:meth:`victims`)."""
         with self._lock:
             pin = self._pins.get(relpath)
             if pin is None:
-                return
+                return False
             pin[0] -= 1
-            if pin[0] <= 0:
-                del self._pins[relpath]
+            if pin[0] > 0:
+                return False
+            del self._pins[relpath]
+            return self.max_bytes is not None and self._used + self._reserved > self.max_bytes
 
     def reserve(self, nbytes: int, relpath: str | None = None) -> list[tuple[str, int]]:
         """Account ``nbytes`` for a write (of ``relpath``) about to start; returns the files to delete to make room.
 
         The victims are already out of the index (so no new lookup returns them) and doomed until the
         caller deletes them and calls :meth:`forget`. Pinned files are never chosen; if only pinned
-        files are left the bound is exceeded until those loads finish (the next write evicts them).
+        files are left the bound is exceeded until those loads finish (the last unpin reports it).
         With ``relpath``, that file is being written until :meth:`add` or :meth:`release` (see the module).
         """
         with self._lock:
@@ -274,7 +283,7 @@ class LRUIndex:
         with self._lock:
             return sum(self._doomed.values())
 
-    def _victims_locked(self) -> list[tuple[str, int]]:
+    def _victims_locked(self, keep: str | None = None) -> list[tuple[str, int]]:
         if self.max_bytes is None:
             return []
         excess = self._used + self._reserved - self.max_bytes
@@ -303,7 +312,7 @@ class LRUIndex:
             for rel, size in self._hot.items():  # iterate, never copy: O(victims + pinned skipped)
                 if excess <= 0:
                     break
-                if rel in self._pins:
+                if rel in self._pins or rel == keep:
                     continue
                 picked.append((rel, size))
                 excess -= size

@@ -123,7 +123,7 @@ class RowEngine:
             except OSError as e:
                 self.warn_once(f"touch:{type(e).__name__}", "kvformat tier: touching %s failed: %s", rel, e)
             finally:
-                self.index.unpin(rel)
+                self._unpin(rel)
 
     def close(self) -> None:
         """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
@@ -141,6 +141,10 @@ class RowEngine:
                 return
             self._warned.add(reason)
         logger.warning(msg + " (logged once per reason; see the tier's counters)", *args)
+
+    def _unpin(self, rel: str) -> None:
+        if self.index.unpin(rel):  # the bound skipped this file while pinned: evict now, not at some later write
+            self.delete_victims(self.index.victims())
 
     def delete_victims(self, victims: list[tuple[str, int]]) -> None:
         if not victims:
@@ -217,7 +221,7 @@ class RowEngine:
                 raise
             if wrote:
                 self._mtimes[rel] = time.time()
-                self.index.add(rel, size, reserved=size)
+                self.delete_victims(self.index.add(rel, size, reserved=size))
                 self.counters.add(bytes_written=size, files_written=1,
                                   dedup_saved_bytes=(self.copies - 1) * self.slot)
                 return WRITTEN, size
@@ -231,7 +235,7 @@ class RowEngine:
                     self.counters.add(dedup_saved_bytes=self.copies * self.slot)
                     return EXISTS, 0
             finally:
-                self.index.unpin(rel)
+                self._unpin(rel)
             self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
         return FAILED, 0
 
@@ -334,7 +338,7 @@ class RowEngine:
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
             return int(hdr.file_bytes)
         finally:
-            self.index.unpin(rel)
+            self._unpin(rel)
 
     # -- lookup of a file the index does not know (written by another instance) ------------------
     def probe_many(self, hs: list[str]) -> list[bool]:
