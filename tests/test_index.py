@@ -50,6 +50,9 @@ class GatedStore(LocalStore):
         self.hold_put: str | None = None  # relpath whose put, once published, waits for open_put
         self.published = threading.Event()
         self.open_put = threading.Event()
+        self.hold_read: str | None = None  # relpath whose read waits for open_read before it starts
+        self.reading = threading.Event()
+        self.open_read = threading.Event()
         self.hold_miss: str | None = None  # relpath whose read, once it found no file, waits for open_miss
         self.missed = threading.Event()
         self.open_miss = threading.Event()
@@ -70,6 +73,9 @@ class GatedStore(LocalStore):
         return wrote
 
     def read_into(self, relpath: str, out: Any, **kw: Any) -> Any:
+        if relpath == self.hold_read:
+            self.reading.set()
+            must(self.open_read)
         try:
             return super().read_into(relpath, out, **kw)
         except FileNotFoundError:
@@ -264,6 +270,49 @@ def test_race_load_miss_does_not_unindex_a_file_stored_after_its_read(tmp_path):
     assert out == [None]
     assert x in eng.index
     assert_exact(eng, tmp_path)
+
+
+# -- the bound once the writes and loads that held it off are over -----------------------------------
+def test_race_concurrent_stores_leave_the_index_within_its_bound(tmp_path):
+    # a 1-file tier, two stores at once: neither finds an indexed file to evict when it reserves (the
+    # other's file is not indexed yet), so the second one to be indexed must evict the first
+    store = GatedStore(str(tmp_path))
+    eng = engine(tmp_path, 1, store)
+    x = eng.relpath(h(1))
+    store.hold_put = x
+    fill(eng, 0, 1)
+    a, out_a = run_thread(eng.store_chunk, h(1), 0)
+    must(store.published)
+    fill(eng, 1, 2)
+    assert eng.store_chunk(h(2), 1)[0] == WRITTEN  # reserved room no indexed file could give back
+    store.open_put.set()
+    a.join(WAIT)
+    assert out_a == [(WRITTEN, file_bytes())]
+    assert set(on_disk(tmp_path)) == {x}  # h(2) was indexed first: the least recently used
+    assert_exact(eng, tmp_path)
+    assert eng.index.used <= file_bytes()
+
+
+def test_race_load_pin_defers_an_eviction_to_its_unpin(tmp_path):
+    # a store finds the only victim pinned by a load: the bound is exceeded while the load reads, and
+    # the load's unpin evicts (no later write is needed to restore it)
+    store = GatedStore(str(tmp_path))
+    eng = engine(tmp_path, 1, store)
+    fill(eng, 0, 1)
+    assert eng.store_chunk(h(1), 0)[0] == WRITTEN
+    x = eng.relpath(h(1))
+    store.hold_read = x
+    t, out = run_thread(eng.load_chunk, h(1), 2)
+    must(store.reading)  # pinned
+    fill(eng, 1, 2)
+    assert eng.store_chunk(h(2), 1)[0] == WRITTEN
+    assert len(on_disk(tmp_path)) == 2  # the documented slack: a pinned file the bound could not evict
+    store.open_read.set()
+    t.join(WAIT)
+    assert out == [file_bytes()]
+    assert set(on_disk(tmp_path)) == {x}  # the load made h(1) the most recently used: h(2) goes
+    assert_exact(eng, tmp_path)
+    assert eng.index.used <= file_bytes()
 
 
 def test_a_pin_is_not_refused_for_a_removal_made_before_it():
