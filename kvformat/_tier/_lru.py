@@ -2,8 +2,9 @@
 
 Thread-safe (one lock). Sizes are file bytes (header + data), the unit ``max_bytes`` bounds.
 
-Cost: every operation is O(1) except ``reserve``/``victims`` (O(victims + pinned files skipped) and
-O(log n) per file found by the start-up scan) and ``lru_order`` (O(n log n), for tests and tools).
+Cost: every operation is O(1) except ``reserve``/``victims`` and an ``add`` over the bound
+(O(victims + pinned files skipped) and O(log n) per file found by the start-up scan) and
+``lru_order`` (O(n log n), for tests and tools).
 The index never copies its keys on a store: at a million files the old copy-everything ``reserve``
 held the lock for ~260 ms per store, and every load waited behind it.
 
