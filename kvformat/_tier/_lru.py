@@ -2,8 +2,9 @@
 
 Thread-safe (one lock). Sizes are file bytes (header + data), the unit ``max_bytes`` bounds.
 
-Cost: every operation is O(1) except ``reserve``/``victims`` (O(victims + pinned files skipped) and
-O(log n) per file found by the start-up scan) and ``lru_order`` (O(n log n), for tests and tools).
+Cost: every operation is O(1) except ``reserve``/``victims`` and an ``add`` over the bound
+(O(victims + pinned files skipped) and O(log n) per file found by the start-up scan) and
+``lru_order`` (O(n log n), for tests and tools).
 The index never copies its keys on a store: at a million files the old copy-everything ``reserve``
 held the lock for ~260 ms per store, and every load waited behind it.
 
@@ -13,14 +14,24 @@ Exactness under races (each one has a test in tests/test_index.py):
   (``forget``). A file found on storage (a load, a probe, a store that found the file there) is
   indexed with ``add_found`` under a pin taken *before* the read; it is refused when the file was
   doomed or removed since the pin, so a load racing an eviction never re-adds a file that is
-  about to disappear (a ghost entry).
+  about to disappear (a ghost entry). ``pin`` returns a token (an event number) that dates the
+  read, so a change recorded before one reader's pin never counts against a later reader.
+* A file a store has just published is indexed by that store (``add``) and by nobody else: from
+  ``reserve(…, relpath)`` to ``add``/``release`` the file is *being written*, and ``add_found``
+  and the scan leave it alone. Otherwise another thread could index the new file, an eviction
+  could delete it, and the store's ``add`` would then index a file that is gone (a ghost).
+* A read that found no file removes the entry only if no store indexed a new file since the
+  read's pin (``remove(…, since=token)``): the read may predate that file, and dropping its entry
+  would leave a file on storage that the index does not count.
 * Evictions and removals made while the start-up scan runs are remembered until the scan ends, so
   a listing made before the deletion does not bring the file back.
 * The scan feeds files in batches (``scan_add``) and the caller evicts after each batch, so the
   bound holds over every file the tier knows from the first store on. The exact slack: files the
   scan has not listed yet are unknown, so storage may hold ``max_bytes`` plus the bytes of the
   files still to be listed (zero once the scan ends), plus pinned files the bound could not evict
-  (see ``reserve``), plus victims handed out and not yet deleted.
+  (see ``reserve``), plus files of concurrent writes that found nothing indexed to evict when they
+  reserved, plus victims handed out and not yet deleted. The slack ends with its cause: ``add`` and
+  the last ``unpin`` of a file report an index over the bound, and the caller evicts then.
 """
 
 from __future__ import annotations
@@ -50,8 +61,12 @@ class LRUIndex:
         self._heap: list[tuple[float, str]] = []  # (mtime, relpath) of cold files; stale rows skipped
         self._used = 0
         self._reserved = 0
-        self._pins: dict[str, list[int]] = {}  # relpath -> [pin count, 1 if removed/doomed since pinned]
+        # relpath -> [pin count, event of its last removal/eviction, event of its last write indexed]; the
+        # events are numbered by _events, so each pinner compares them with its own token (see pin).
+        self._pins: dict[str, list[int]] = {}
+        self._events = 0
         self._doomed: Counter[str] = Counter()  # handed out as victims, not yet deleted
+        self._writing: Counter[str] = Counter()  # stores between reserve(…, relpath) and add/release
         self._removed_during_scan: set[str] | None = None
 
     # -- queries ---------------------------------------------------------------------------------
@@ -87,26 +102,43 @@ class LRUIndex:
             return cold + list(self._hot)
 
     # -- updates ---------------------------------------------------------------------------------
-    def add(self, relpath: str, size: int, *, reserved: int = 0) -> None:
-        """Record a file this tier just wrote as most recently used (releasing ``reserved`` bytes)."""
+    def add(self, relpath: str, size: int, *, reserved: int = 0) -> list[tuple[str, int]]:
+        """Record a file this tier just wrote as most recently used; returns files to delete, as :meth:`reserve`.
+
+        ``reserved``: the bytes ``reserve(reserved, relpath)`` set aside for this write; they are released
+        and the write of ``relpath`` ends (others may index the file from now on). Victims are handed out
+        when the bound is exceeded now: concurrent writes may each have reserved room that no indexed file
+        could give back then (their files were not indexed yet), and without this the excess would stay
+        until some later write. The new file itself is kept.
+        """
         with self._lock:
             self._reserved -= reserved
             self._drop_locked(relpath)
             self._hot[relpath] = size
             self._used += size
+            pin = self._pins.get(relpath)
+            if pin is not None:
+                pin[2] = self._event_locked()
+            if reserved:
+                self._end_write_locked(relpath)
+            return self._victims_locked(keep=relpath)
 
-    def add_found(self, relpath: str, size: int) -> bool:
+    def add_found(self, relpath: str, size: int, since: int = 0) -> bool:
         """Index a file found on storage (read by a load or probe under a pin taken before the read).
 
+        ``since``: the token :meth:`pin` returned to the caller (0: any change while the pin is held).
         Returns False, indexing nothing, when the file was evicted or removed since the caller pinned
         it (or is being evicted now): it is gone or about to be, and indexing it would leave a ghost
-        entry. A file already indexed is touched.
+        entry. Also False while a store is writing the file: that store indexes it, and only it knows
+        when its file is there to stay. A file already indexed is touched.
         """
         with self._lock:
             if self._touch_locked(relpath):
                 return True
+            if self._doomed.get(relpath) or self._writing.get(relpath):
+                return False
             pin = self._pins.get(relpath)
-            if self._doomed.get(relpath) or (pin is not None and pin[1]):
+            if pin is not None and pin[1] > since:
                 return False
             self._hot[relpath] = size
             self._used += size
@@ -137,56 +169,90 @@ class LRUIndex:
             self._used -= size
         return size
 
-    def _mark_gone_locked(self, relpath: str) -> None:
+    def _event_locked(self) -> int:
+        self._events += 1
+        return self._events
+
+    def _mark_gone_locked(self, relpath: str, *, scan: bool = True) -> None:
         pin = self._pins.get(relpath)
         if pin is not None:
-            pin[1] = 1
-        if self._removed_during_scan is not None:
+            pin[1] = self._event_locked()
+        if scan and self._removed_during_scan is not None:
             self._removed_during_scan.add(relpath)
 
-    def remove(self, relpath: str) -> int | None:
-        """Forget a file that is gone (missing, quarantined, unreadable); returns its indexed size."""
+    def _end_write_locked(self, relpath: str) -> None:
+        n = self._writing.get(relpath, 0)
+        if n:
+            if n == 1:
+                del self._writing[relpath]
+            else:
+                self._writing[relpath] = n - 1
+            self._gone.notify_all()
+
+    def remove(self, relpath: str, since: int | None = None) -> int | None:
+        """Forget a file that is gone (missing, quarantined, unreadable); returns its indexed size.
+
+        ``since``: the :meth:`pin` token of the read that found the file missing. Nothing is removed when a
+        store indexed a new file since then: the read may have looked before that file was published.
+        """
         with self._lock:
+            if since is not None:
+                pin = self._pins.get(relpath)
+                if pin is not None and pin[2] > since:
+                    return None
             size = self._drop_locked(relpath)
             self._mark_gone_locked(relpath)
             return size
 
-    def pin(self, relpath: str) -> None:
-        """Protect ``relpath`` from eviction while a load reads it (pins nest)."""
+    def pin(self, relpath: str) -> int:
+        """Protect ``relpath`` from eviction while a load reads it (pins nest).
+
+        Returns a token dating the pin, for :meth:`add_found` and :meth:`remove`: only changes made after
+        it count against what this caller's read found.
+        """
         with self._lock:
             pin = self._pins.get(relpath)
             if pin is None:
-                # Doomed already: a victim chosen before this pin; the read may still find the file,
-                # but add_found must not index it.
-                self._pins[relpath] = [1, 1 if self._doomed.get(relpath) else 0]
+                self._pins[relpath] = [1, 0, 0]
             else:
                 pin[0] += 1
+            # A victim doomed before this pin: add_found refuses it while doomed, then forget's event (after
+            # this token) records that the file this read may have seen was deleted.
+            return self._events
 
-    def unpin(self, relpath: str) -> None:
-        """Release one :meth:`pin`."""
+    def unpin(self, relpath: str) -> bool:
+        """Release one :meth:`pin`. True when that was the file's last pin and the index is over the bound:
+        the bound may have skipped the file while pinned, and the caller should evict (:meth:`victims`)."""
         with self._lock:
             pin = self._pins.get(relpath)
             if pin is None:
-                return
+                return False
             pin[0] -= 1
-            if pin[0] <= 0:
-                del self._pins[relpath]
+            if pin[0] > 0:
+                return False
+            del self._pins[relpath]
+            return self.max_bytes is not None and self._used + self._reserved > self.max_bytes
 
-    def reserve(self, nbytes: int) -> list[tuple[str, int]]:
-        """Account ``nbytes`` for a write about to start; returns the files to delete to make room.
+    def reserve(self, nbytes: int, relpath: str | None = None) -> list[tuple[str, int]]:
+        """Account ``nbytes`` for a write (of ``relpath``) about to start; returns the files to delete to make room.
 
         The victims are already out of the index (so no new lookup returns them) and doomed until the
         caller deletes them and calls :meth:`forget`. Pinned files are never chosen; if only pinned
-        files are left the bound is exceeded until those loads finish (the next write evicts them).
+        files are left the bound is exceeded until those loads finish (the last unpin reports it).
+        With ``relpath``, that file is being written until :meth:`add` or :meth:`release` (see the module).
         """
         with self._lock:
             self._reserved += nbytes
+            if relpath is not None:
+                self._writing[relpath] += 1
             return self._victims_locked()
 
-    def release(self, nbytes: int) -> None:
-        """Give back a reservation whose write did not happen."""
+    def release(self, nbytes: int, relpath: str | None = None) -> None:
+        """Give back a reservation whose write did not happen (ending the write of ``relpath``)."""
         with self._lock:
             self._reserved -= nbytes
+            if relpath is not None:
+                self._end_write_locked(relpath)
 
     def victims(self) -> list[tuple[str, int]]:
         """Files to delete so that usage fits ``max_bytes`` (removed from the index, doomed)."""
@@ -202,12 +268,15 @@ class LRUIndex:
                     self._doomed.pop(rel, None)
                 else:
                     self._doomed[rel] = n - 1
+                # A reader pinned while the victim was doomed may have read the file now deleted.
+                self._mark_gone_locked(rel, scan=False)
             self._gone.notify_all()
 
     def wait_gone(self, relpath: str) -> None:
-        """Block until no eviction of ``relpath`` is in progress (a store then writes it afresh)."""
+        """Block until no eviction and no other store's write of ``relpath`` is in progress (a store then
+        writes it afresh, or finds it indexed)."""
         with self._lock:
-            while self._doomed.get(relpath):
+            while self._doomed.get(relpath) or self._writing.get(relpath):
                 self._gone.wait()
 
     def doomed(self) -> int:
@@ -215,7 +284,7 @@ class LRUIndex:
         with self._lock:
             return sum(self._doomed.values())
 
-    def _victims_locked(self) -> list[tuple[str, int]]:
+    def _victims_locked(self, keep: str | None = None) -> list[tuple[str, int]]:
         if self.max_bytes is None:
             return []
         excess = self._used + self._reserved - self.max_bytes
@@ -244,7 +313,7 @@ class LRUIndex:
             for rel, size in self._hot.items():  # iterate, never copy: O(victims + pinned skipped)
                 if excess <= 0:
                     break
-                if rel in self._pins:
+                if rel in self._pins or rel == keep:
                     continue
                 picked.append((rel, size))
                 excess -= size
@@ -266,14 +335,15 @@ class LRUIndex:
     def scan_add(self, found: Iterable[tuple[str, int, float]]) -> int:
         """Index a batch of files found by the scan (relpath, size, mtime) as cold. Returns how many.
 
-        Skips files already indexed, being evicted, or removed or evicted since :meth:`begin_scan`.
+        Skips files already indexed, being evicted or written, or removed or evicted since :meth:`begin_scan`.
         The caller evicts (``victims``) after each batch, so the bound holds while the scan runs.
         """
         added = 0
         with self._lock:
             gone = self._removed_during_scan or ()
             for rel, size, mtime in found:
-                if rel in gone or rel in self._hot or rel in self._cold or self._doomed.get(rel):
+                if (rel in gone or rel in self._hot or rel in self._cold or self._doomed.get(rel)
+                        or self._writing.get(rel)):
                     continue
                 self._cold[rel] = (size, mtime)
                 heapq.heappush(self._heap, (mtime, rel))

@@ -126,7 +126,7 @@ class RowEngine:
             except OSError as e:
                 self.warn_once(f"touch:{type(e).__name__}", "kvformat tier: touching %s failed: %s", rel, e)
             finally:
-                self.index.unpin(rel)
+                self._unpin(rel)
 
     def close(self) -> None:
         """Drop every view of the primary buffer (vLLM unmaps it after the tier shuts down)."""
@@ -144,6 +144,10 @@ class RowEngine:
                 return
             self._warned.add(reason)
         logger.warning(msg + " (logged once per reason; see the tier's counters)", *args)
+
+    def _unpin(self, rel: str) -> None:
+        if self.index.unpin(rel):  # the bound skipped this file while pinned: evict now, not at some later write
+            self.delete_victims(self.index.victims())
 
     def delete_victims(self, victims: list[tuple[str, int]]) -> None:
         if not victims:
@@ -213,31 +217,37 @@ class RowEngine:
                                     level=self.cfg.compression_level,
                                     payload_xxh3=digests[0] if digests else (0 if fuse else None))
         size = len(hdr) + len(data)
-        for _attempt in range(STORE_ATTEMPTS):
-            self.delete_victims(self.index.reserve(size))
+        for attempt in range(STORE_ATTEMPTS):
+            if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
+                self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+                return EXISTS, 0
+            # Reserved for rel: until add/release no other thread indexes the file this put publishes, so
+            # no eviction can delete it before our add (which would then index a ghost).
+            victims = self.index.reserve(size, rel)
             try:
+                self.delete_victims(victims)
                 wrote = (self._put_fused(rel, hdr, data) if fuse
                          else self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync))
             except BaseException:
-                self.index.release(size)
+                self.index.release(size, rel)
                 raise
             if wrote:
                 self._mtimes[rel] = time.time()
-                self.index.add(rel, size, reserved=size)
+                self.delete_victims(self.index.add(rel, size, reserved=size))
                 self.counters.add(bytes_written=size, files_written=1, dedup_saved_bytes=saved)
                 return WRITTEN, size
-            self.index.release(size)
+            self.index.release(size, rel)
             # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
             # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
-            self.index.pin(rel)
+            since = self.index.pin(rel)
             try:
                 existing = self._check_existing(rel, key)
-                if existing is not None and self.index.add_found(rel, existing):
+                if existing is not None and self.index.add_found(rel, existing, since):
                     self.counters.add(dedup_saved_bytes=self.copies * self.slot)
                     return EXISTS, 0
             finally:
-                self.index.unpin(rel)
-            self.index.wait_gone(rel)  # an eviction of this file is finishing: the next put writes it
+                self._unpin(rel)
+            self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
         return FAILED, 0
 
     def _gather_shards(self, h: str, base: int) -> memoryview | None:
@@ -323,13 +333,13 @@ class RowEngine:
         """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
         rel = self.relpath(h)
         base = chunk_id * self.stride
-        self.index.pin(rel)
+        since = self.index.pin(rel)
         try:
             dst = self.flat[base:base + self.payload_bytes] if self.plan.contiguous else self._buffer(0)
             try:
                 hdr = self._read_into(rel, dst, BlockKey(h, self.layout.group))
             except FileNotFoundError:
-                self.index.remove(rel)
+                self.index.remove(rel, since)  # kept if a store indexed a file published after this read
                 self.counters.add(missing_files=1)
                 self.on_removed([rel])
                 return None
@@ -337,7 +347,7 @@ class RowEngine:
                 self.quarantine(rel, e)
                 return None
             except OSError as e:
-                self.index.remove(rel)
+                self.index.remove(rel, since)
                 self.counters.add(io_errors=1)
                 self.warn_once(f"OSError{e.errno}", "kvformat tier: reading %s failed: %s; served as a miss", rel, e)
                 return None
@@ -356,7 +366,7 @@ class RowEngine:
                 src = self._addr + base
                 for r in range(1, self.copies):
                     ctypes.memmove(src + r * self.slot, src, self.payload_bytes)
-            if not self.index.touch(rel) and self.index.add_found(rel, hdr.file_bytes):
+            if not self.index.touch(rel) and self.index.add_found(rel, hdr.file_bytes, since):
                 self.delete_victims(self.index.victims())
             now = time.time()
             if now - self._mtimes.get(rel, 0.0) > TOUCH_INTERVAL_S:
@@ -365,7 +375,7 @@ class RowEngine:
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
             return int(hdr.file_bytes)
         finally:
-            self.index.unpin(rel)
+            self._unpin(rel)
 
     # -- lookup of a file the index does not know (written by another instance) ------------------
     def probe_many(self, hs: list[str]) -> list[bool]:
@@ -378,18 +388,18 @@ class RowEngine:
         todo = [i for i, r in enumerate(rels) if r not in self.index]
         if todo:
             pinned = [rels[i] for i in todo]
-            for rel in pinned:  # before the reads: an eviction meanwhile makes add_found refuse the file
-                self.index.pin(rel)
+            # before the reads: an eviction meanwhile makes add_found refuse the file
+            since = [self.index.pin(rel) for rel in pinned]
             try:
                 got: list[Any] = self.store.read_headers_many(pinned, verify=True)
-                for i, hdr in zip(todo, got):
+                for i, hdr, t in zip(todo, got, since):
                     try:
                         size = self._accept_header(rels[i], BlockKey(hs[i], self.layout.group), hdr)
                     except OSError as e:
                         self.warn_once(f"probe:{type(e).__name__}", "kvformat tier: lookup failed: %s", e)
                         size = None
                     if size is not None:
-                        self.index.add_found(rels[i], size)
+                        self.index.add_found(rels[i], size, t)
             finally:
                 for rel in pinned:
                     self.index.unpin(rel)
