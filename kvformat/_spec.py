@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+# The path scheme's home is ._paths; named here too for modules that import it from this one.
+from ._paths import FILE_SUFFIX as FILE_SUFFIX, NAMESPACE_FILE as NAMESPACE_FILE  # noqa: F401
+from ._paths import QUARANTINE_DIR as QUARANTINE_DIR, block_relpath as block_relpath  # noqa: F401
 from .errors import SchemaError
 
 FORMAT_MAJOR = 1  # §7: readers refuse any other major
@@ -438,19 +441,6 @@ class BlockHeader:
             "raw_bytes": self.raw_bytes, "file_bytes": self.file_bytes,
             "checksums": {"header_xxh3": self.header_xxh3, "data_xxh3": self.data_xxh3, "raw_xxh3": self.raw_xxh3},
         }
-
-
-FILE_SUFFIX = ".kvf"
-NAMESPACE_FILE = "namespace.json"
-QUARANTINE_DIR = ".quarantine"
-
-
-def block_relpath(layout: CanonicalLayout, key: BlockKey) -> str:
-    """``<namespace>/<h[:2]>/<h[2:4]>/<hash>.kvf`` (spec §9): the same path at every TP size."""
-    if key.group != layout.group:
-        raise SchemaError("key.group", f"expected the layout's group {layout.group}, got {key.group}")
-    h = key.hash
-    return f"{layout.namespace()}/{h[:2]}/{h[2:4]}/{h}{FILE_SUFFIX}"
 
 
 def namespace_doc(layout: CanonicalLayout) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from . import __version__
 from ._header import encode_header
-from ._spec import NAMESPACE_FILE, block_relpath
+from ._paths import NAMESPACE_FILE, block_relpath
 from .errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError, UsageError
 from .legacy import (
     Ignored, LegacyFile, LegacyNamespace, RowLayout, extract_payload, find_namespaces, infer_row, iter_legacy_files,

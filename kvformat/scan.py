@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ._io import UnsafeFileError, is_regular_file, iter_files, read_header, read_into, read_small_file
-from ._placement import BLOCK_PATH_HELP, block_path_parts, placement_error
-from ._spec import NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout
+from ._files import UnsafeFileError, is_regular_file, iter_files, read_small_file
+from ._io import read_header, read_into
+from ._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
+from ._placement import placement_error
+from ._spec import BlockHeader, CanonicalLayout
 from .errors import KVFormatError
 from .legacy import Ignored
 from .storage import Store, StoreEntry

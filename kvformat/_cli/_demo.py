@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .._spec import BlockKey, block_relpath
+from .._paths import block_relpath, hash_relpath
+from .._spec import BlockKey
 from ..errors import ChecksumError, UsageError
 from ..legacy import ROW_ALIGN, legacy_fields, write_legacy_row
 from ..storage import open_store
@@ -96,7 +97,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     store = open_store(dst)
     first = sorted(payloads)[0]
     ns = store.namespaces()[0]
-    rel0 = f"{ns}/{first[:2]}/{first[2:4]}/{first}.kvf"
+    rel0 = hash_relpath(ns, first)
     print()
     print(render_file(inspect_file(os.path.join(dst, rel0))))
 

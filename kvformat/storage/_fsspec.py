@@ -24,15 +24,15 @@ import asyncio
 import inspect
 import logging
 import os
-import secrets
 import threading
 import time
 from datetime import datetime
 from typing import Any, Iterable, Iterator, Sequence
 
-from .._io import TMP_PREFIX, BytesSource, FIRST_READ
+from .._read import FIRST_READ, BytesSource
+from .._write import TMP_PREFIX, temp_name
 from .._header import header_length
-from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from .._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
 from ..errors import KVFormatError
 from ._base import Store, StoreEntry
 from ._batch import BatchRunner
@@ -249,7 +249,7 @@ class FsspecStore(Store):
                     return False
                 await self._afs._pipe_file(path, data)
             return True
-        tmp = f"{path.rsplit('/', 1)[0]}/{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = f"{path.rsplit('/', 1)[0]}/{temp_name()}"
         await self._afs._pipe_file(tmp, data)
         try:
             if not overwrite and await self._a_head(path) is not None:
