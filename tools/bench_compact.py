@@ -29,7 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from kvformat import BlockKey, CanonicalLayout, Provenance  # noqa: E402
+from kvformat import BlockKey, CanonicalLayout, Provenance, block_relpath  # noqa: E402
 from kvformat.legacy import ROW_ALIGN, legacy_fields, write_legacy_row  # noqa: E402
 from kvformat.storage import open_store  # noqa: E402
 
@@ -66,7 +66,7 @@ def build_kvf(root: str, n: int) -> None:
     for i in range(n):
         h = hashlib.sha256(f"s/{i}".encode()).hexdigest()
         hdr, _ = encode(pay, lay, BlockKey(h), provenance=Provenance(tp=8, row="per_worker"))
-        p = os.path.join(store.root, f"{lay.namespace()}/{h[:2]}/{h[2:4]}/{h}.kvf")
+        p = os.path.join(store.root, block_relpath(lay, BlockKey(h)))
         os.makedirs(os.path.dirname(p), exist_ok=True)
         with open(p, "wb") as f:
             f.write(hdr)

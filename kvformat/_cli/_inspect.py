@@ -271,7 +271,7 @@ def legacy_file_namespace(path: str) -> tuple[Any, LegacyFile] | None:
 def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
                         page_bytes: int | None = None) -> dict[str, Any]:
     """Row layout of one legacy file, its replica status and the kvformat file it compacts to."""
-    from .._spec import block_relpath
+    from .._paths import block_relpath
     from ..legacy import key_for
 
     out: dict[str, Any] = {"kind": "legacy_file", "path": f.path, "namespace": ns.base, "group": f.group,
