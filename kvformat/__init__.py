@@ -3,10 +3,8 @@
 from ._format import decode, encode
 from ._paths import block_relpath
 from ._io import BlockFile, load_file, open_block, read_header, read_into, save_file
-from ._spec import (
-    ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, BlockHeader, BlockKey,
-    CanonicalLayout, LayerSpec, Provenance,
-)
+from ._consts import ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance
 from .errors import KVFormatError
 
 __version__ = "0.1.0"

@@ -12,6 +12,26 @@ from ._paths import FILE_SUFFIX
 from ._write import TMP_PREFIX
 
 
+def read_exact(fd: int, buf: memoryview, offset: int) -> int:
+    """Fill ``buf`` from ``offset`` of ``fd``; the bytes read (fewer only at the end of the file)."""
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def read_row(path: str, buf: memoryview) -> int:
+    """Fill ``buf`` from the start of the file at ``path`` (a legacy row); the bytes read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return read_exact(fd, buf, 0)
+    finally:
+        os.close(fd)
+
+
 SMALL_FILE_LIMIT = 1 << 20
 
 
@@ -69,7 +89,6 @@ def is_regular_file(path: str) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
-
 
 
 def iter_files(root: str, suffix: str = FILE_SUFFIX, *,

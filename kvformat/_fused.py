@@ -15,7 +15,8 @@ from typing import Any
 from ._format import as_bytes_view, check_expected, invalidate
 from ._header import _hxxh3_pos, decode_header
 from ._read import _O_DIRECT, _open_regular
-from ._spec import ALIGNMENT, MAX_HEADER_BYTES, BlockHeader, BlockKey, CanonicalLayout
+from ._consts import ALIGNMENT, MAX_HEADER_BYTES
+from ._spec import BlockHeader, BlockKey, CanonicalLayout
 from ._write import TempFile, publish, temp_name
 from .errors import ChecksumError, KVFormatError, TruncatedError
 

@@ -10,21 +10,13 @@ from typing import Any
 
 from ._format import as_bytes_view, check_expected, invalidate, verify_data
 from ._header import decode_header, header_length
-from ._spec import ALIGNMENT, BlockHeader, BlockKey, CanonicalLayout
+from ._consts import ALIGNMENT
+from ._files import read_exact as _read_exact
+from ._spec import BlockHeader, BlockKey, CanonicalLayout
 from .errors import LayoutMismatchError, NotKVFormatError, TruncatedError
 
 FIRST_READ = 2 * ALIGNMENT  # a 61-layer header fits here, so most files need one header read
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-def _read_exact(fd: int, buf: memoryview, offset: int) -> int:
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], offset + got)
-        if n == 0:
-            break
-        got += n
-    return got
 
 
 class FileSource:

@@ -34,8 +34,6 @@ def write_atomic(path: str, parts: list[Any], *, fsync: bool = False, overwrite:
     return publish(tmp, path, d, overwrite=overwrite, fsync=fsync)
 
 
-
-
 def publish(tmp: str, path: str, d: str, *, overwrite: bool, fsync: bool) -> bool:
     """Make the complete temp file ``tmp`` visible as ``path`` (spec §10); False if ``path`` existed and not
     ``overwrite``. The temp name is gone afterwards either way; with ``fsync`` the directory entry is durable."""

@@ -2,8 +2,8 @@
 
 Mutants (each applied alone, in a temporary copy of the tree, never in the working tree):
 
-* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/_header.py, _format.py,
-  _spec.py, _read.py, _fused.py, _codec.py becomes ``pass`` (the check is gone, the code goes on);
+* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/_header.py, _header_json.py, _format.py,
+  _consts.py, _spec.py, _read.py, _fused.py, _codec.py becomes ``pass`` (the check is gone, the code goes on);
 * every ``if`` whose condition line carries an ``F-x.y`` comment gets the condition ``False``;
 * hand-written mutants for checks that are not a single raise: the version regex (F-4.2), the stored
   data checksum (F-5.2), the zero-on-failure code (F-5.5, both call sites and ``invalidate``) and the
@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["kvformat/_header.py", "kvformat/_format.py", "kvformat/_spec.py", "kvformat/_read.py", "kvformat/_fused.py",
-         "kvformat/_codec.py"]
+FILES = ["kvformat/_header.py", "kvformat/_header_json.py", "kvformat/_format.py", "kvformat/_consts.py",
+         "kvformat/_spec.py", "kvformat/_read.py", "kvformat/_fused.py", "kvformat/_codec.py"]
 IO_FILES = ("kvformat/_read.py", "kvformat/_fused.py")  # the file paths: their mutants also run IO_TESTS
 FID = re.compile(r"#.*?\b(F-\d+\.\d+)")
 DEFAULT_TESTS = ["tests/test_vectors.py", "tests/test_format.py", "tests/test_mutants.py"]
@@ -112,7 +112,7 @@ HAND = [
 # Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
 # mutated statement's first line. Reported as "equivalent", not as survivors.
 EQUIVALENT = {
-    ("kvformat/_header.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
+    ("kvformat/_header_json.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
                             '{layout.payload_bytes}")'):
         "the layout is built from the same tensor table: F-4.7 ties each tensor's bytes to its shape, F-4.8 "
         "tiles them from 0, F-4.9 fixes the first dimension, so the totals cannot differ",

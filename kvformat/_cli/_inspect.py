@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from typing import Any, Callable
 
+from .._files import read_row
 from .._io import read_header, read_into
 from .._spec import BlockHeader
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
@@ -152,8 +153,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                         progress.add_total(len(ok), sum(f.size for f in ok))
                     for f in ok:
                         try:
-                            with open(f.path, "rb") as fh:
-                                n = fh.readinto(buf)
+                            n = read_row(f.path, buf)
                             if n != row.row_bytes:
                                 raise LegacyLayoutError(f"short read: {n} of {row.row_bytes} bytes")
                             extract_payload(row, buf, path=f.path)
@@ -289,8 +289,7 @@ def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
     out["compacts_to"] = block_relpath(row.layout, key_for(f))
     if verify:
         buf = memoryview(bytearray(row.row_bytes))
-        with open(f.path, "rb") as fh:
-            fh.readinto(buf)
+        read_row(f.path, buf)
         try:
             extract_payload(row, buf, path=f.path)
             out["replicas"] = "identical" if row.copies > 1 else "single"
