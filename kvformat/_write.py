@@ -28,7 +28,7 @@ def write_atomic(path: str, parts: list[Any], *, fsync: bool = False, overwrite:
             n = os.writev(t.fd, views)
             done += n
             if done < total:
-                views = _advance(views, n)
+                views = advance_views(views, n)
         if fsync:
             os.fsync(t.fd)
     return publish(tmp, path, d, overwrite=overwrite, fsync=fsync)
@@ -102,7 +102,8 @@ class TempFile:
             _unlink_quiet(self.tmp)
 
 
-def _advance(views: list[Any], n: int) -> list[Any]:
+def advance_views(views: list[Any], n: int) -> list[Any]:
+    """``views`` without their first ``n`` bytes (after a short writev/preadv)."""
     out = []
     for v in views:
         if n >= len(v):
