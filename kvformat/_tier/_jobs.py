@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._lru import LRUIndex
@@ -32,6 +33,7 @@ class Job:
         self.lock = threading.Lock()
 
 
+@dataclass(eq=False)
 class JobBook:
     """Runs jobs on the pool and queues their results (``make_result(job_id, success, successful_keys=…,
     transfer_time=…, transfer_bytes=…)``) for :meth:`take_finished`.
@@ -40,19 +42,17 @@ class JobBook:
     ``mark_miss(keys)`` the keys a load failed on, which stay in :attr:`failed` until stored again.
     """
 
-    def __init__(self, pool: DualPool, target: Target, warn: Callable[..., None], make_result: Callable[..., Any],
-                 on_stored: Callable[[Job, list[Any]], None] | None, mark_miss: Callable[[list[Any]], None]) -> None:
-        self._pool = pool
-        self._target = target
-        self._warn = warn
-        self._make_result = make_result
-        self._on_stored = on_stored
-        self._mark_miss = mark_miss
-        self._jobs_finished: list[Any] = []
-        self._store_outcomes: list[list[tuple[Any, Any]]] = []
-        self._finished_lock = threading.Lock()
-        self._load_keys: dict[Any, list[Any]] = {}
-        self.failed: set[Any] = set()
+    pool: DualPool
+    target: Target
+    warn: Callable[..., None]
+    make_result: Callable[..., Any]
+    on_stored: Callable[[Job, list[Any]], None] | None
+    mark_miss: Callable[[list[Any]], None]
+    _jobs_finished: list[Any] = field(default_factory=list, init=False)
+    _store_outcomes: list[list[tuple[Any, Any]]] = field(default_factory=list, init=False)
+    _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _load_keys: dict[Any, list[Any]] = field(default_factory=dict, init=False)
+    failed: set[Any] = field(default_factory=set, init=False)
 
     def submit(self, job_id: Any, keys: list[Any], chunk_ids: Iterable[Any], *, load: bool,
                req_context: Any = None) -> None:
@@ -61,10 +61,10 @@ class JobBook:
             self._load_keys[job.job_id] = keys
         if not keys:
             with self._finished_lock:
-                self._jobs_finished.append(self._make_result(job.job_id, True, transfer_time=0.0, transfer_bytes=0))
+                self._jobs_finished.append(self.make_result(job.job_id, True, transfer_time=0.0, transfer_bytes=0))
             return
         task = self._load_task if load else self._store_task
-        self._pool.submit([task(job, i, k, int(c)) for i, (k, c) in enumerate(zip(keys, chunk_ids))], load=load)
+        self.pool.submit([task(job, i, k, int(c)) for i, (k, c) in enumerate(zip(keys, chunk_ids))], load=load)
 
     def finish(self, job: Job, i: int, result: Any, nbytes: int) -> None:
         with job.lock:
@@ -76,7 +76,7 @@ class JobBook:
         if job.is_load:
             ok = [k for k, r in zip(job.keys, job.results) if r is not None]
             success = len(ok) == len(job.keys)
-            res = self._make_result(job.job_id, success, successful_keys=None if success else tuple(ok),
+            res = self.make_result(job.job_id, success, successful_keys=None if success else tuple(ok),
                                     transfer_time=time.monotonic() - job.t0, transfer_bytes=job.nbytes)
         else:
             # Success means every chunk is on storage now. FAILED, REPLICA_MISMATCH, an error, a cancelled
@@ -84,19 +84,19 @@ class JobBook:
             # back-pressure detector may pause stores to this tier), and the primary copy is released
             # exactly as after a success, so nothing else changes for the chunk.
             success = all(r in (WRITTEN, EXISTS) for r in job.results)
-            res = self._make_result(job.job_id, success, transfer_time=time.monotonic() - job.t0,
+            res = self.make_result(job.job_id, success, transfer_time=time.monotonic() - job.t0,
                                     transfer_bytes=job.nbytes)
-            if self._on_stored is not None:
+            if self.on_stored is not None:
                 stored = [k for k, r in zip(job.keys, job.results) if r in (WRITTEN, EXISTS)]
                 if stored:
-                    self._on_stored(job, stored)
+                    self.on_stored(job, stored)
         with self._finished_lock:
             self._jobs_finished.append(res)
             if not job.is_load:
                 self._store_outcomes.append(list(zip(job.keys, job.results)))
 
     def _store_task(self, job: Job, i: int, key: Any, cid: int) -> TaskPair:
-        eng, h = self._target(key)
+        eng, h = self.target(key)
 
         def run() -> None:
             outcome, n = "skipped", 0
@@ -105,7 +105,7 @@ class JobBook:
                     outcome, n = eng.store_chunk(h, cid)
             except Exception as e:  # OSError (ENOSPC …) or a bug: this chunk is not stored, the job fails
                 outcome = "error"
-                self._warn(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
+                self.warn(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
             self.finish(job, i, outcome, n)
 
         def fail() -> None:  # never ran (tier shut down): not stored
@@ -113,7 +113,7 @@ class JobBook:
         return run, fail
 
     def _load_task(self, job: Job, i: int, key: Any, cid: int) -> TaskPair:
-        eng, h = self._target(key)
+        eng, h = self.target(key)
 
         def run() -> None:
             got = None
@@ -121,7 +121,7 @@ class JobBook:
                 if eng is not None and h is not None:
                     got = eng.load_chunk(h, cid)
             except Exception as e:
-                self._warn(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
+                self.warn(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
             self.finish(job, i, got, got or 0)
 
         def fail() -> None:  # never ran (tier shut down): a miss
@@ -146,7 +146,7 @@ class JobBook:
                 if len(self.failed) > 1_000_000:
                     self.failed.clear()
                 self.failed.update(failed)
-                self._mark_miss(failed)
+                self.mark_miss(failed)
         return done
 
 
