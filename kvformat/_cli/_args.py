@@ -49,17 +49,19 @@ def _common(s: argparse.ArgumentParser, *, progress: bool = True) -> None:
                        help="no progress bar (progress is drawn on stderr only when it is a terminal)")
 
 
-def _path(s: argparse.ArgumentParser) -> None:
+def _path(s: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("path", metavar="PATH",
                    help="a .kvf file, a kvformat root or namespace directory, a legacy root or .bin file, or a URL")
+    return s
 
 
-def _jobs_and_page_bytes(s: argparse.ArgumentParser, jobs: int, what: str) -> None:
-    """The reading options inspect and verify share: --jobs (``what`` the threads do) and --page-bytes."""
+def _reading(s: argparse.ArgumentParser, jobs: int, what: str) -> None:
+    """The options inspect and verify end with: --jobs (``what`` the threads do), --page-bytes, --json, --quiet."""
     s.add_argument("--jobs", "-j", type=jobs_arg, default=jobs, metavar="N",
                    help=f"{what} (1..{MAX_JOBS}, default {jobs})")
     s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
                    help="legacy roots: bytes of one block of one layer, when the file size allows several layouts")
+    _common(s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,19 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verify", dest="verify", action="store_true", default=None,
                    help="also check every payload (default for one file; directories check headers only)")
     g.add_argument("--no-verify", dest="verify", action="store_false", help="read headers only, even for one file")
-    _jobs_and_page_bytes(s, 4, "threads checking payloads with --verify")
-    _common(s)
+    _reading(s, 4, "threads checking payloads with --verify")
 
     s = _sub(sub, "verify", "full checksum and placement pass over a file or a root",
              "Check every block file exactly as a load does: header, key and namespace against its path, "
              "checksums of header and payload. On a legacy vLLM root: sizes and worker replicas.",
              "  kvformat verify /cache\n  kvformat verify /cache --quarantine --json\n"
              "  kvformat verify s3://bucket/cache --jobs 8")
-    _path(s)
-    s.add_argument("--quarantine", action="store_true",
-                   help="move bad kvformat block files to <root>/.quarantine/<path>.<Reason> (never other files)")
-    _jobs_and_page_bytes(s, 2, "threads reading and hashing payloads")
-    _common(s)
+    _path(s).add_argument("--quarantine", action="store_true", help="move bad kvformat block files to "
+                          "<root>/.quarantine/<path>.<Reason> (never other files)")
+    _reading(s, 2, "threads reading and hashing payloads")
 
     s = _sub(sub, "compact", "convert a legacy vLLM fs-tier root into kvformat files",
              "Write each legacy block once, TP-independent, after checking its worker replicas agree. "
