@@ -1,12 +1,10 @@
 """kvformat: a compact, checksummed, TP-independent block file for MLA KV cache (spec/FORMAT.md)."""
 
 from ._format import decode, encode
-from ._header import decode_header, encode_header
+from ._paths import block_relpath
 from ._io import BlockFile, load_file, open_block, read_header, read_into, save_file
-from ._spec import (
-    ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, BlockHeader, BlockKey,
-    CanonicalLayout, LayerSpec, Provenance,
-)
+from ._consts import ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance
 from .errors import KVFormatError
 
 __version__ = "0.1.0"
@@ -14,6 +12,5 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "FORMAT_VERSION", "ALIGNMENT", "MAX_HEADER_BYTES", "MAX_LAYERS", "MAX_PAYLOAD_BYTES",
     "CanonicalLayout", "LayerSpec", "BlockKey", "Provenance", "BlockHeader", "BlockFile", "KVFormatError",
-    "save_file", "load_file", "read_header", "read_into", "open_block", "encode", "decode",
-    "encode_header", "decode_header",
+    "save_file", "load_file", "read_header", "read_into", "open_block", "encode", "decode", "block_relpath",
 ]

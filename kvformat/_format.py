@@ -7,7 +7,8 @@ from typing import Any
 from . import _codec
 from ._header import _hxxh3_pos as header_checksum_pos
 from ._header import check_layout, decode_header, encode_header, xxh3_hex
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, parse_uint
+from ._consts import parse_uint
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
 from .errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
 
 

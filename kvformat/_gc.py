@@ -21,9 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._io import iter_files
-from ._placement import BLOCK_PATH_HELP, block_path_parts
-from ._spec import NAMESPACE_FILE, QUARANTINE_DIR
+from ._files import iter_files
+from ._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from .errors import UsageError
 from .storage import LocalStore, Store, StoreEntry, open_store
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import xxhash
 
+from ._write import advance_views
+
 PIECE = 256 * 1024  # read/write piece: hashed while it is still in L2 (tools/bench_native.py measures sizes)
 
 _native: Any = None
@@ -47,7 +49,7 @@ def _py_pread_hash(fd: int, head: Any, dst: Any, offset: int, *, hash: bool = Tr
         if n == 0:
             break
         got += n
-        bufs = _skip(bufs, n)
+        bufs = advance_views(bufs, n)
     hgot = min(got, len(head))
     dgot = got - hgot
     digest = xxhash.xxh3_64_intdigest(dst) if hash and dgot == len(dst) else None
@@ -67,19 +69,8 @@ def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_po
     while done < total:
         n = os.pwritev(fd, views, offset + done)
         done += n
-        views = _skip(views, n)
+        views = advance_views(views, n)
     return dh, hh
-
-
-def _skip(views: list[memoryview], n: int) -> list[memoryview]:
-    out = []
-    for v in views:
-        if n >= len(v):
-            n -= len(v)
-            continue
-        out.append(v[n:])
-        n = 0
-    return out
 
 
 if _native is not None:

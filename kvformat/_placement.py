@@ -9,24 +9,11 @@ path (``<namespace>/<hh>/<hh>/<hash>.kvf``) inside a namespace directory (one ho
 
 from __future__ import annotations
 
-import re
-
-from ._spec import FILE_SUFFIX, QUARANTINE_DIR, BlockHeader, block_relpath
+from ._paths import block_path_parts, block_relpath
+from ._spec import BlockHeader
 from .errors import KVFormatError, LayoutMismatchError
 
-__all__ = ["BLOCK_PATH_HELP", "block_path_parts", "placement_error"]
-
-BLOCK_PATH_HELP = "<namespace>/<hh>/<hh>/<hash>.kvf"
-_BLOCK_RE = re.compile(r"(?P<ns>[^/.][^/]*)/(?P<a>[0-9a-f]{2})/(?P<b>[0-9a-f]{2})/(?P<h>[0-9a-f]{4,128})"
-                       + re.escape(FILE_SUFFIX))
-
-
-def block_path_parts(relpath: str) -> tuple[str, str] | None:
-    """``(namespace, hash)`` when ``relpath`` (relative to a root, '/'-separated) is a block path, else None."""
-    m = _BLOCK_RE.fullmatch(relpath)
-    if m is None or m["ns"] == QUARANTINE_DIR or m["h"][:2] != m["a"] or m["h"][2:4] != m["b"]:
-        return None
-    return m["ns"], m["h"]
+__all__ = ["placement_error"]
 
 
 def placement_error(relpath: str, hdr: BlockHeader) -> KVFormatError | None:

@@ -11,33 +11,26 @@ skips what was done and produces the same tree as one clean run.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
-import stat
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import __version__
+from ._convert import WRITER, Converter, FileResult, Task
 from ._header import encode_header
-from ._spec import NAMESPACE_FILE, block_relpath
-from .errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError, UsageError
+from ._paths import NAMESPACE_FILE, block_relpath
+from .errors import LegacyLayoutError, UsageError
 from .legacy import (
-    Ignored, LegacyFile, LegacyNamespace, RowLayout, extract_payload, find_namespaces, infer_row, iter_legacy_files,
+    Ignored, LegacyFile, LegacyNamespace, RowLayout, find_namespaces, infer_row, iter_legacy_files,
     key_for, provenance_for,
 )
-from .storage import LocalStore, Store, open_store
+from .storage import LocalStore, open_store
 
 __all__ = ["WRITER", "CompactProgress", "CompactReport", "FileResult", "check_destination", "compact", "dir_mode",
            "output_header_bytes"]
-
-WRITER = f"kvformat-compact {__version__}"  # fixed: outputs must not depend on when/where they were made
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class CompactProgress(Protocol):
@@ -69,20 +62,6 @@ class _Silent:
 def dir_mode(file_mode: int) -> int:
     """The directory mode that goes with a file mode: search (x) wherever read is granted."""
     return file_mode | ((file_mode & 0o444) >> 2)
-
-
-@dataclass
-class FileResult:
-    """The outcome of one source file."""
-
-    status: str  # converted | skipped | failed | would_write
-    src: str
-    rel: str = ""
-    before: int = 0
-    after: int = 0
-    error: str = ""
-    reason: str = ""
-    deleted: bool = False
 
 
 @dataclass
@@ -129,188 +108,6 @@ class CompactReport:
                             for f in self.would_write],
             "exit_code": self.exit_code,
         }
-
-
-@dataclass(frozen=True)
-class _Task:
-    file: LegacyFile
-    row: RowLayout
-    rel: str
-    after: int
-
-
-class _Compactor:
-    def __init__(self, store: Store, *, codec: str, level: int, delete_source: bool, fsync: bool,
-                 mode: int | None = None) -> None:
-        self.store = store
-        self.mode = mode
-        self.codec = codec
-        self.level = level
-        self.delete_source = delete_source
-        self.fsync = fsync
-        self._tls = threading.local()
-        self._local_root = store.root if isinstance(store, LocalStore) else None
-
-    def _buf(self, n: int) -> memoryview:
-        b = getattr(self._tls, "buf", None)
-        if b is None or len(b) < n:
-            b = self._tls.buf = bytearray(n)
-        return memoryview(b)[:n]
-
-    def _out_buf(self, n: int) -> memoryview:
-        b = getattr(self._tls, "out", None)
-        if b is None or len(b) < n:
-            b = self._tls.out = bytearray(n)
-        return memoryview(b)[:n]
-
-    def _valid_output(self, t: _Task, full: bool) -> bool:
-        try:
-            if full:
-                hdr = self.store.read_into(t.rel, self._out_buf(t.row.layout.payload_bytes), expect=t.row.layout,
-                                           key=key_for(t.file), verify=True)
-            else:
-                hdr = self.store.read_header(t.rel, verify=True)
-        except FileNotFoundError:
-            return False
-        except KVFormatError:
-            return False
-        return hdr.layout == t.row.layout and hdr.key == key_for(t.file)
-
-    def run(self, t: _Task) -> FileResult:
-        f, row = t.file, t.row
-        res = FileResult("converted", f.path, t.rel, f.size, t.after)
-        try:
-            existing = self.store.exists(t.rel)
-            # The payload too, not only the header: a re-run promises to repair a corrupt output, and
-            # reading 1/TP of the source's bytes back is cheap next to converting them again.
-            if existing and self._valid_output(t, full=True):
-                res.status = "skipped"
-                res.after = self._size(t)
-                self._carry_mtime(f.path, t.rel)  # a run killed between rename and utime left "now"
-                self._maybe_delete(res)
-                return res
-            fd = os.open(f.path, os.O_RDONLY | _O_CLOEXEC)
-            mm = None
-            try:
-                st = os.fstat(fd)
-                if st.st_size != row.row_bytes:
-                    return FileResult("failed", f.path, t.rel, f.size, error=f"size changed to {st.st_size} bytes "
-                                      f"while compacting (row is {row.row_bytes})", reason="SizeChanged")
-                mm = _map_if_cached(fd, row.row_bytes)
-                if mm is None:
-                    buf = self._buf(row.row_bytes)
-                    got = _read_exact(fd, buf)
-                    if got != row.row_bytes:
-                        return FileResult("failed", f.path, t.rel, f.size, error=f"short read: {got} of "
-                                          f"{row.row_bytes} bytes", reason="SizeChanged")
-                else:
-                    buf = memoryview(mm)
-            finally:
-                os.close(fd)
-            try:
-                payload = extract_payload(row, buf, path=f.path)
-                prov = provenance_for(row, int(st.st_mtime), WRITER)
-                rel, n, _ = self.store.put_block(payload, row.layout, key_for(f), provenance=prov, codec=self.codec,
-                                                 level=self.level, fsync=self.fsync, overwrite=existing)
-            finally:
-                if mm is not None:
-                    payload = buf = None  # type: ignore[assignment]  # views must go before the map closes
-                    try:
-                        mm.close()
-                    except BufferError:  # an error's traceback still holds a view: the map closes when it goes
-                        pass
-            res.after = n
-            self._carry_mtime(f.path, rel, st)
-            if self.delete_source:
-                if not self._valid_output(t, full=True):
-                    return FileResult("failed", f.path, t.rel, f.size, error="output did not verify after writing; "
-                                      "source kept", reason="VerifyFailed")
-                self._maybe_delete(res)
-            return res
-        except ReplicaMismatchError as e:
-            return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
-        except KVFormatError as e:
-            return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
-        except FileNotFoundError:
-            return FileResult("failed", f.path, t.rel, f.size, error="source vanished", reason="FileNotFoundError")
-        except OSError as e:  # one unreadable source (EACCES, EIO) fails alone; the others are converted
-            name = errno.errorcode.get(e.errno or 0, type(e).__name__)
-            return FileResult("failed", f.path, t.rel, f.size, error=f"{name}: {e.strerror or e}", reason=name)
-
-    def _carry_mtime(self, src: str, rel: str, st: os.stat_result | None = None) -> None:
-        """Give the output its source's mtime: the LRU clock (the block was last used when vLLM wrote it).
-
-        With ``--mode``, also its exact mode (the umask set for the run already kept it no wider)."""
-        if self._local_root is None:
-            return
-        out = os.path.join(self._local_root, rel)
-        if self.mode is not None and stat.S_IMODE(os.stat(out).st_mode) != self.mode:
-            os.chmod(out, self.mode)
-        st = st or os.stat(src)
-        if os.stat(out).st_mtime_ns != st.st_mtime_ns:
-            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-    def _size(self, t: _Task) -> int:
-        try:
-            return self.store.read_header(t.rel, verify=False).file_bytes
-        except (KVFormatError, FileNotFoundError):
-            return t.after
-
-    def _maybe_delete(self, res: FileResult) -> None:
-        if self.delete_source:
-            try:
-                os.unlink(res.src)
-                res.deleted = True
-            except FileNotFoundError:
-                pass
-
-
-_PAGE = mmap.PAGESIZE
-_RESIDENT = bytes(i for i in range(256) if i & 1)
-_mincore: Any
-try:
-    _mincore = ctypes.CDLL(None, use_errno=True).mincore
-    _mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    _mincore.restype = ctypes.c_int
-except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
-    _mincore = None
-
-
-def _map_if_cached(fd: int, n: int) -> mmap.mmap | None:
-    """A map of the file when every page is already in the page cache, else None.
-
-    Reading a cached source through a map skips copying every worker slot into a buffer (the
-    replicas are compared where they lie), which roughly halves compaction's CPU. Only cached
-    files are mapped: touching a mapped page that needs disk I/O turns an I/O error into SIGBUS,
-    whereas the buffered read of an uncached file reports it as an OSError for that file.
-    The map is private copy-on-write (nothing writes to it) so ctypes can take its address.
-    """
-    if _mincore is None:
-        return None
-    mm = mmap.mmap(fd, n, access=mmap.ACCESS_COPY)
-    try:
-        c = ctypes.c_char.from_buffer(mm)
-        addr = ctypes.addressof(c)
-        del c
-        vec = (ctypes.c_ubyte * (-(-n // _PAGE)))()
-        # bit 0 of each byte: page resident (the other bits are reserved): keep only absent pages
-        if _mincore(addr, n, vec) == 0 and not bytes(vec).translate(None, _RESIDENT):
-            return mm
-    except BaseException:
-        mm.close()
-        raise
-    mm.close()
-    return None
-
-
-def _read_exact(fd: int, buf: memoryview) -> int:
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], got)
-        if n == 0:
-            break
-        got += n
-    return got
 
 
 def output_header_bytes(row: RowLayout, f: LegacyFile) -> int:
@@ -399,7 +196,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
     rep = CompactReport(src=src, dst=dst, dry_run=dry_run, jobs=jobs)
     rep.ignored.extend(skipped)
     rep.layout_errors.extend(str(e) for e in cfg_errors)  # reported, exit 2; the other namespaces still convert
-    tasks: list[_Task] = []
+    tasks: list[Task] = []
     for ns in namespaces:
         files = list(iter_legacy_files(ns, rep.ignored, src))
         by_group: dict[int, list[LegacyFile]] = {}
@@ -422,7 +219,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
                     rep.ignored.append(Ignored(f.path, f"size {f.size} fits no row layout of this namespace "
                                                f"(rows are {row.row_bytes} bytes)"))
                     continue
-                tasks.append(_Task(f, row, block_relpath(row.layout, key_for(f)), hdr_bytes + row.layout.payload_bytes))
+                tasks.append(Task(f, row, block_relpath(row.layout, key_for(f)), hdr_bytes + row.layout.payload_bytes))
                 n_ok += 1
             rep.namespaces.append({
                 "legacy": ns.base, "group": group, "namespace": row.layout.namespace(), "model": ns.model,
@@ -452,7 +249,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
         return rep
 
     assert store is not None
-    worker = _Compactor(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode)
+    worker = Converter(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode)
     bar = progress
     bar.add_total(len(tasks), sum(t.file.size for t in tasks))
     for ig in rep.ignored:

@@ -32,6 +32,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
+from ._consts import round_up
 from ._header import xxh3_hex
 from ._io import UnsafeFileError, is_regular_file, read_small_file, write_atomic
 from ._spec import BlockKey, CanonicalLayout, Provenance
@@ -200,10 +201,6 @@ class RowLayout:
     @property
     def padding(self) -> int:
         return self.row_bytes - self.slot_bytes * self.copies
-
-
-def _round_up(n: int, a: int = ROW_ALIGN) -> int:
-    return -(-n // a) * a
 
 
 def legacy_fields(model: str, *, tokens_per_hash: int, blocks_per_file: int, dtype: str,
@@ -474,15 +471,16 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if page_bytes is not None:
         # The hint is one layer's page of a uniform model (what --page-bytes has always meant).
         cands = [page_bytes * len(names)]
-        if _round_up(cands[0] * unit) != file_size:
+        row_bytes = round_up(cands[0] * unit, ROW_ALIGN)
+        if row_bytes != file_size:
             raise LegacyLayoutError(
-                f"--page-bytes {page_bytes} gives a {_round_up(cands[0] * unit)}-byte row, the file has {file_size}")
+                f"--page-bytes {page_bytes} gives a {row_bytes}-byte row, the file has {file_size}")
     else:
         if file_size <= 0 or file_size % ROW_ALIGN:
             raise LegacyLayoutError(f"size {file_size} is not a multiple of {ROW_ALIGN}: fits no row layout")
         lo = (file_size - ROW_ALIGN) // unit + 1
         hi = file_size // unit
-        cands = [w for w in range(-(-lo // tpb) * tpb, hi + 1, tpb) if w > 0]
+        cands = [w for w in range(round_up(lo, tpb), hi + 1, tpb) if w > 0]
     # The same layout model as the tier (kvformat.layout), fed what config.json says plus a candidate
     # bytes-per-block: a legacy row compacts to exactly the file the tier writes for that deployment.
     plans = []

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,11 +44,12 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import (
-    JobId, JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
+    JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
 )
 
 from . import __version__
-from ._spec import FILE_SUFFIX, CanonicalLayout, Provenance
+from ._paths import block_path_parts
+from ._spec import CanonicalLayout, Provenance
 from .layout import (
     ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer,
     plan_groups, pp_stage_names, stage_layer_facts,
@@ -58,7 +58,8 @@ from .layout import (
 from ._tier._config import TierConfig
 from ._tier._lru import LRUIndex
 from ._tier._pool import DualPool
-from ._tier._rows import CANCELLED, COUNTERS, EXISTS, WRITTEN, RowEngine
+from ._tier._jobs import CounterReport, Job, JobBook, shutdown_bounded
+from ._tier._rows import RowEngine
 from .errors import SchemaError
 from .storage import open_store
 
@@ -373,22 +374,6 @@ def derive_layout(spec: "OffloadingSpec", revision: str | None = None) -> tuple[
 _EVENT_TAKES_REQ_CONTEXT = "req_context" in getattr(OffloadingEvent, "__dataclass_fields__", {})
 
 
-class _Job:
-    __slots__ = ("job_id", "keys", "is_load", "remaining", "results", "nbytes", "t0", "lock", "req_context")
-
-    def __init__(self, job_id: JobId, keys: list[OffloadKey], is_load: bool,
-                 req_context: ReqContext | None = None) -> None:
-        self.job_id = job_id
-        self.req_context = req_context
-        self.keys = keys
-        self.is_load = is_load
-        self.remaining = len(keys)
-        self.results: list[Any] = [None] * len(keys)
-        self.nbytes = 0
-        self.t0 = time.monotonic()
-        self.lock = threading.Lock()
-
-
 class _Lookups(AsyncLookupManager):
     """Existence checks of blocks the index does not know (written by another instance), off-thread."""
 
@@ -491,14 +476,11 @@ class KVFormatTier(SecondaryTierManager):
             self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
                                         self.config, prov, self.index, self._on_removed, share=shared)
         self.engine = self.engines[first]
-        self._jobs_finished: list[JobResult] = []
-        self._store_outcomes: list[list[tuple[OffloadKey, Any]]] = []
-        self._finished_lock = threading.Lock()
-        self._load_keys: dict[JobId, list[OffloadKey]] = {}
-        self._failed: set[OffloadKey] = set()
-        self._reported: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._pool = DualPool(self.config.read_threads, self.config.write_threads)
         self._lookups = _Lookups(self, tier_type)
+        self._jobs = JobBook(self._pool, self._target, self.engine.warn_once, JobResult,
+                             self._on_stored if self.events is not None else None, self._lookups.mark_miss)
+        self._report = CounterReport(self.engine.counters, self.index)
         self._stop = threading.Event()
         self._scan = threading.Thread(target=self.engine.scan, args=(self._stop,), name="kvformat_tier_scan",
                                       daemon=True)
@@ -537,84 +519,26 @@ class KVFormatTier(SecondaryTierManager):
             return
         keys = []
         for rel in relpaths:
-            group = self._ns_group.get(rel.split("/", 1)[0])
-            if group is not None and rel.endswith(FILE_SUFFIX):
-                h = rel.rsplit("/", 1)[1][:-len(FILE_SUFFIX)]
+            parts = block_path_parts(rel, strict=False)
+            group = self._ns_group.get(parts[0]) if parts is not None else None
+            if parts is not None and group is not None:
                 try:
-                    keys.append(make_offload_key(bytes.fromhex(h), group))
-                except ValueError:
+                    keys.append(make_offload_key(bytes.fromhex(parts[1]), group))
+                except ValueError:  # an odd number of hex digits: no vLLM key
                     continue
         if keys:
             with self._events_lock:
                 self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=True,
                                                    locality=self.locality, **self._event_owner))
 
-    def _finish(self, job: _Job, i: int, result: Any, nbytes: int) -> None:
-        with job.lock:
-            job.results[i] = result
-            job.nbytes += nbytes
-            job.remaining -= 1
-            if job.remaining:
-                return
-        if job.is_load:
-            ok = [k for k, r in zip(job.keys, job.results) if r is not None]
-            success = len(ok) == len(job.keys)
-            res = JobResult(job.job_id, success, successful_keys=None if success else tuple(ok),
-                            transfer_time=time.monotonic() - job.t0, transfer_bytes=job.nbytes)
-        else:
-            # Success means every chunk is on storage now. FAILED, REPLICA_MISMATCH, an error, a cancelled
-            # task or a key of another group stored nothing: vLLM then counts a failed store (its
-            # back-pressure detector may pause stores to this tier), and the primary copy is released
-            # exactly as after a success, so nothing else changes for the chunk.
-            success = all(r in (WRITTEN, EXISTS) for r in job.results)
-            res = JobResult(job.job_id, success, transfer_time=time.monotonic() - job.t0,
-                            transfer_bytes=job.nbytes)
+    def _on_stored(self, job: Job, stored: list[OffloadKey]) -> None:
+        extra = dict(self._event_owner)
+        if _EVENT_TAKES_REQ_CONTEXT:
+            extra["req_context"] = job.req_context  # lets vLLM's tracker describe the chunk
+        with self._events_lock:
             if self.events is not None:
-                stored = [k for k, r in zip(job.keys, job.results) if r in (WRITTEN, EXISTS)]
-                if stored:
-                    extra = dict(self._event_owner)
-                    if _EVENT_TAKES_REQ_CONTEXT:
-                        extra["req_context"] = job.req_context  # lets vLLM's tracker describe the chunk
-                    with self._events_lock:
-                        self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
-                                                           locality=self.locality, **extra))
-        with self._finished_lock:
-            self._jobs_finished.append(res)
-            if not job.is_load:
-                self._store_outcomes.append(list(zip(job.keys, job.results)))
-
-    def _store_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> tuple[Any, Any]:
-        eng, h = self._target(key)
-
-        def run() -> None:
-            outcome, n = "skipped", 0
-            try:
-                if eng is not None and h is not None:
-                    outcome, n = eng.store_chunk(h, cid)
-            except Exception as e:  # OSError (ENOSPC …) or a bug: this chunk is not stored, the job fails
-                outcome = "error"
-                self.engine.warn_once(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
-            self._finish(job, i, outcome, n)
-
-        def fail() -> None:  # never ran (tier shut down): not stored
-            self._finish(job, i, CANCELLED, 0)
-        return run, fail
-
-    def _load_task(self, job: _Job, i: int, key: OffloadKey, cid: int) -> tuple[Any, Any]:
-        eng, h = self._target(key)
-
-        def run() -> None:
-            got = None
-            try:
-                if eng is not None and h is not None:
-                    got = eng.load_chunk(h, cid)
-            except Exception as e:
-                self.engine.warn_once(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
-            self._finish(job, i, got, got or 0)
-
-        def fail() -> None:  # never ran (tier shut down): a miss
-            self._finish(job, i, None, 0)
-        return run, fail
+                self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
+                                                   locality=self.locality, **extra))
 
     # -- SecondaryTierManager ----------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -622,7 +546,7 @@ class KVFormatTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         eng, h = self._target(key)
-        if eng is None or h is None or key in self._failed:
+        if eng is None or h is None or key in self._jobs.failed:
             return LookupResult.MISS
         rel = eng.relpath(h)
         if rel in self.index:
@@ -639,41 +563,11 @@ class KVFormatTier(SecondaryTierManager):
         self._submit(job_metadata, load=True)
 
     def _submit(self, job_metadata: TransferJob, *, load: bool) -> None:
-        keys = list(job_metadata.keys)
-        job = _Job(job_metadata.job_id, keys, is_load=load, req_context=getattr(job_metadata, "req_context", None))
-        if load:
-            self._load_keys[job.job_id] = keys
-        if not keys:
-            self._finish_empty(job)
-            return
-        task = self._load_task if load else self._store_task
-        self._pool.submit([task(job, i, k, int(c)) for i, (k, c) in
-                           enumerate(zip(keys, job_metadata.chunk_ids))], load=load)
-
-    def _finish_empty(self, job: _Job) -> None:
-        with self._finished_lock:
-            self._jobs_finished.append(JobResult(job.job_id, True, transfer_time=0.0, transfer_bytes=0))
+        self._jobs.submit(job_metadata.job_id, list(job_metadata.keys), job_metadata.chunk_ids, load=load,
+                          req_context=getattr(job_metadata, "req_context", None))
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        with self._finished_lock:
-            done, self._jobs_finished = self._jobs_finished, []
-            outcomes, self._store_outcomes = self._store_outcomes, []
-        for results in outcomes:
-            for k, r in results:
-                # EXISTS counts too: after a transient failure (storage briefly unreachable) the re-store
-                # finds the file still there, and the key must become loadable again.
-                if r in (WRITTEN, EXISTS):
-                    self._failed.discard(k)
-        for res in done:
-            keys = self._load_keys.pop(res.job_id, None)
-            if keys is not None and not res.success:
-                ok = set(res.successful_keys or ())
-                failed = [k for k in keys if k not in ok]
-                if len(self._failed) > 1_000_000:
-                    self._failed.clear()
-                self._failed.update(failed)
-                self._lookups.mark_miss(failed)
-        return done
+        return self._jobs.take_finished()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is None:
@@ -719,24 +613,16 @@ class KVFormatTier(SecondaryTierManager):
         self._lookups.flush()
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        values, _ = self.engine.counters.snapshot()
         stats = OffloadingConnectorStats()
-        for k, v in values.items():
-            d = v - self._reported.get(k, 0)
-            if d:
-                stats.increase_counter(METRIC_PREFIX + k, d)
-        self._reported = values
+        for k, d in self._report.deltas().items():
+            stats.increase_counter(METRIC_PREFIX + k, d)
         stats.set_gauge(METRIC_PREFIX + "used_bytes", self.index.used)
         stats.set_gauge(METRIC_PREFIX + "files", len(self.index))
         return stats
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters since start (plus ``quarantined:<reason>`` counts, ``used_bytes``, ``files``)."""
-        values, quarantined = self.engine.counters.snapshot()
-        values.update({f"quarantined:{r}": n for r, n in quarantined.items()})
-        values["used_bytes"] = self.index.used
-        values["files"] = len(self.index)
-        return values
+        return self._report.totals()
 
     def wait_scanned(self, timeout: float | None = None) -> bool:
         """Block until the start-up scan of the root has finished (tests, tools)."""
@@ -752,27 +638,11 @@ class KVFormatTier(SecondaryTierManager):
         more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
         running copy.
         """
-        deadline = time.monotonic() + self.shutdown_timeout_s
-        self._stop.set()
-
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        for eng in self.engines.values():  # pending mtime touches are dropped: they only refine a restart's order
-            eng.toucher.close(0)
-        idle = self._pool.shutdown(timeout=left())
-        self._scan.join(left())
-        lookups = threading.Thread(target=self._lookups.shutdown, name="kvformat_tier_lookups_stop", daemon=True)
-        lookups.start()
-        lookups.join(left())
-        quiet = idle and not self._scan.is_alive() and not lookups.is_alive()
-        if not quiet:
+        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self.engines.values(), self._pool, self._scan,
+                                self._lookups.shutdown, self._flat):
             logger.warning("kvformat tier: shutdown gave up after %.0f s waiting for storage I/O at %s; "
                            "the primary buffer is left to the garbage collector", self.shutdown_timeout_s,
                            self.store.root)
-            return
-        for eng in self.engines.values():
-            eng.close()
-        self._flat.release()
+
 
 __all__ = ["KVFormatTier", "derive_layout", "METRIC_PREFIX"]

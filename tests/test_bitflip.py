@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import kvformat as K
+from kvformat._header import decode_header
 from kvformat.errors import KVFormatError
 
 DATA_BITS = 200_000 if os.environ.get("KVFORMAT_SLOW") == "1" else 20_000  # seeded payload bits per big file
@@ -85,7 +86,7 @@ def test_dense_sample_of_a_deepseek_v3_block(codec, record_property):
     rng = np.random.default_rng(3)
     pay = rng.integers(0, 256 if codec == "none" else 16, L.payload_bytes, dtype=np.uint8).tobytes()
     buf = _file(L, pay, codec)
-    hdr = K.decode_header(buf)
+    hdr = decode_header(buf)
     header_bits = np.arange(hdr.data_offset * 8)  # length field, JSON, padding: every bit
     data_bits = hdr.data_offset * 8 + np.random.default_rng(4).choice(hdr.data_bytes * 8, DATA_BITS, replace=False)
     bits = np.concatenate([header_bits, np.sort(data_bits)])

@@ -27,7 +27,8 @@ from cli_helpers import (
 )
 from legacy_trees import build
 
-from kvformat._cli import EXIT_CODES, _parser, main
+from kvformat._cli import EXIT_CODES, main
+from kvformat._cli._args import build_parser as _parser
 from kvformat._cli._schema import SCHEMAS, validate
 from kvformat._cli._util import human
 from kvformat._sizes import parse_limit, parse_size

@@ -282,7 +282,7 @@ def test_progress_bar_on_a_terminal_quiet_in_pipes(tmp_path):
 
 
 def test_cached_sources_are_mapped_uncached_ones_read(tmp_path, capsys):
-    from kvformat.compact import _map_if_cached
+    from kvformat._convert import _map_if_cached
 
     t = build(str(tmp_path / "src"), tp=4, n_files=4)
     cold = sorted(t.paths.values())[:2]

@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 import kvformat as K
-from kvformat._io import TMP_PREFIX, write_atomic
+from kvformat._write import TMP_PREFIX, write_atomic
 from kvformat._spec import block_relpath
 from kvformat.storage import LocalStore
 
@@ -112,7 +112,7 @@ GC_CHILD = r"""
 import os, random, shutil, sys, time
 sys.path.insert(0, sys.argv[1])
 from kvformat._gc import run_gc
-from kvformat._io import write_atomic
+from kvformat._write import write_atomic
 from kvformat.storage import LocalStore
 root, backup, stop, max_bytes = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 st = LocalStore(root)

@@ -22,7 +22,7 @@ import pytest
 
 import kvformat as K
 from kvformat._gc import run_gc
-from kvformat._io import TMP_PREFIX
+from kvformat._write import TMP_PREFIX
 from kvformat._spec import block_relpath
 from kvformat.storage import LocalStore
 

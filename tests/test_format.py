@@ -15,8 +15,10 @@ import torch
 import xxhash
 
 import kvformat as K
+from kvformat._header import decode_header
 from kvformat import errors
-from kvformat._io import TMP_PREFIX, iter_files, write_atomic
+from kvformat._files import iter_files
+from kvformat._write import TMP_PREFIX, write_atomic
 
 PROV = K.Provenance(tp=8, row="replicated", writer="kvformat-test", created=1767225600)
 KEY = K.BlockKey("9f" * 32)
@@ -188,7 +190,7 @@ def test_checksum_error_fields_and_invalidation(tmp_path):
     L = _ds(n=2, tpb=4)
     pay = _pay(L)
     f = bytearray(_file(L, pay))
-    hdr = K.decode_header(f)
+    hdr = decode_header(f)
     f[-1] ^= 0x01
     p = tmp_path / "c.kvf"
     p.write_bytes(f)

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import kvformat as K
-from kvformat import _io
+from kvformat import _fused, _read
 from kvformat.errors import ChecksumError, SchemaError, TruncatedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def test_f412_key_hash_length_is_bounded(h):
 @pytest.fixture
 def shrinking(monkeypatch):
     """Truncate the file right after read_into validated its header (another process rewriting it)."""
-    real = _io.read_header_from
+    real = _read.read_header_from
     cut: dict[str, int] = {}
 
     def read_header_then_truncate(src, verify=True):
@@ -80,7 +80,7 @@ def shrinking(monkeypatch):
         os.truncate(f"/proc/self/fd/{src.fd}", hdr.data_offset + cut["keep"])  # the fd is read-only
         return hdr
 
-    monkeypatch.setattr(_io, "read_header_from", read_header_then_truncate)
+    monkeypatch.setattr(_read, "read_header_from", read_header_then_truncate)
     return cut
 
 
@@ -212,7 +212,7 @@ def test_f52_fused_read_of_a_file_that_shrank_is_truncated_and_zeroed(tmp_path, 
     monkeypatch.setattr(_native, "pread_hash", shrink_then_read)
     out = bytearray(b"\xaa" * len(PLAIN.payload))
     with pytest.raises(TruncatedError) as ei:  # verify off: only the length check can tell
-        _io.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=False)
+        _fused.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=False)
     assert ei.value.region == "data" and bytes(out) == bytes(len(out))
 
 
@@ -223,5 +223,5 @@ def test_f52_fused_read_of_a_flipped_payload_bit_is_a_checksum_error_and_zeroed(
     p.write_bytes(bytes(raw))
     out = bytearray(b"\xaa" * len(PLAIN.payload))
     with pytest.raises(ChecksumError) as ei:
-        _io.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=True)
+        _fused.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=True)
     assert ei.value.region == "data" and bytes(out) == bytes(len(out))

@@ -1,4 +1,4 @@
-"""The fused one-read / one-write paths (kvformat._io.read_into_fused, write_block_fused), native or not."""
+"""The fused one-read / one-write paths (kvformat._fused.read_into_fused, write_block_fused), native or not."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import xxhash
 
 import kvformat as K
-from kvformat import _io, _native, errors
+from kvformat import _fused, _native, errors
+from kvformat._write import TMP_PREFIX
 from kvformat._format import encode_block
 
 L = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", [f"model.layers.{i}.self_attn.attn" for i in range(3)],
@@ -20,7 +21,7 @@ KEY = K.BlockKey("5e" * 32)
 def _fused_file(path: str, payload: bytes, *, overwrite: bool = True) -> tuple[bool, str]:
     hdr, data, _ = encode_block(payload, L, KEY, payload_xxh3=0)
     assert b'"kvf.dxxh3":"0000000000000000"' in hdr
-    return _io.write_block_fused(path, hdr, data, overwrite=overwrite)
+    return _fused.write_block_fused(path, hdr, data, overwrite=overwrite)
 
 
 def test_fused_write_is_byte_identical_to_save_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -28,10 +29,10 @@ def test_fused_write_is_byte_identical_to_save_file(tmp_path) -> None:  # type: 
     prov = K.Provenance(writer="t", created=5)
     hdr, data, _ = encode_block(pay, L, KEY, provenance=prov, payload_xxh3=0)
     a, b = str(tmp_path / "sub" / "a.kvf"), str(tmp_path / "b.kvf")  # "sub": the directory is created
-    assert _io.write_block_fused(a, hdr, data) == (True, xxhash.xxh3_64_hexdigest(pay))
+    assert _fused.write_block_fused(a, hdr, data) == (True, xxhash.xxh3_64_hexdigest(pay))
     K.save_file(pay, b, L, KEY, provenance=prov)
     assert open(a, "rb").read() == open(b, "rb").read()
-    assert not [n for n in os.listdir(tmp_path / "sub") if n.startswith(_io.TMP_PREFIX)]
+    assert not [n for n in os.listdir(tmp_path / "sub") if n.startswith(TMP_PREFIX)]
     # first writer wins: a second fused write with overwrite=False leaves the file alone
     assert _fused_file(a, os.urandom(L.payload_bytes), overwrite=False)[0] is False
     assert open(a, "rb").read() == open(b, "rb").read()
@@ -43,10 +44,10 @@ def test_fused_read_round_trip_and_header(tmp_path) -> None:  # type: ignore[no-
     _fused_file(p, pay)
     out = bytearray(L.payload_bytes + 100)  # larger than the payload: only the first raw bytes are written
     out[-100:] = b"\x09" * 100
-    hdr = _io.read_into_fused(p, out, expect=L, key=KEY)
+    hdr = _fused.read_into_fused(p, out, expect=L, key=KEY)
     assert out[:L.payload_bytes] == pay and out[-100:] == b"\x09" * 100
     assert hdr == K.read_header(p) and hdr.data_xxh3 == xxhash.xxh3_64_hexdigest(pay)
-    assert _io.read_into_fused(p, bytearray(L.payload_bytes), expect=L, verify=False).key == KEY
+    assert _fused.read_into_fused(p, bytearray(L.payload_bytes), expect=L, verify=False).key == KEY
 
 
 def test_fused_read_zero_fills_on_every_failure(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -62,7 +63,7 @@ def test_fused_read_zero_fills_on_every_failure(tmp_path) -> None:  # type: igno
         p.write_bytes(bad)
         out = bytearray(b"\x55" * L.payload_bytes)
         with pytest.raises(errors.KVFormatError) as fused:
-            _io.read_into_fused(p, out, expect=L, key=KEY)
+            _fused.read_into_fused(p, out, expect=L, key=KEY)
         assert out == bytearray(L.payload_bytes), bit  # zeroed, never the file's bytes
         with pytest.raises(errors.KVFormatError) as plain:
             K.read_into(p, bytearray(L.payload_bytes), expect=L, key=KEY)
@@ -70,11 +71,11 @@ def test_fused_read_zero_fills_on_every_failure(tmp_path) -> None:  # type: igno
     p.write_bytes(good)
     out = bytearray(b"\x55" * L.payload_bytes)
     with pytest.raises(errors.LayoutMismatchError):
-        _io.read_into_fused(p, out, expect=L, key=K.BlockKey("00" * 32))
+        _fused.read_into_fused(p, out, expect=L, key=K.BlockKey("00" * 32))
     assert out == bytearray(L.payload_bytes)
     p.write_bytes(good[:-1])  # truncated: the size guess no longer fits, read_into decides
     with pytest.raises(errors.KVFormatError):
-        _io.read_into_fused(p, bytearray(L.payload_bytes), expect=L, key=KEY)
+        _fused.read_into_fused(p, bytearray(L.payload_bytes), expect=L, key=KEY)
 
 
 def test_fused_read_falls_back_for_compressed_and_other_layouts(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -82,10 +83,10 @@ def test_fused_read_falls_back_for_compressed_and_other_layouts(tmp_path) -> Non
     p = tmp_path / "z.kvf"
     K.save_file(pay, p, L, KEY, codec="zstd")
     out = bytearray(b"\x01" * L.payload_bytes)
-    assert _io.read_into_fused(p, out, expect=L, key=KEY).codec == "zstd" and out == pay
+    assert _fused.read_into_fused(p, out, expect=L, key=KEY).codec == "zstd" and out == pay
     other = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", ["a"], 64, 576)
     with pytest.raises(errors.LayoutMismatchError):
-        _io.read_into_fused(p, bytearray(L.payload_bytes), expect=other)
+        _fused.read_into_fused(p, bytearray(L.payload_bytes), expect=other)
 
 
 def test_header_hash_matches_fallback() -> None:
@@ -109,15 +110,15 @@ def test_fused_read_o_direct(tmp_path, where: str) -> None:  # type: ignore[no-u
         p = os.path.join(d, "d.kvf")
         _fused_file(p, pay)
         row = memoryview(mmap.mmap(-1, L.payload_bytes + 4096))
-        assert _io.read_into_fused(p, row, expect=L, key=KEY, o_direct=True).key == KEY
+        assert _fused.read_into_fused(p, row, expect=L, key=KEY, o_direct=True).key == KEY
         assert row[:L.payload_bytes] == pay
         odd = row[1:1 + L.payload_bytes]  # unaligned: buffered, same result
-        assert _io.read_into_fused(p, odd, expect=L, key=KEY, o_direct=True).key == KEY and odd == pay
+        assert _fused.read_into_fused(p, odd, expect=L, key=KEY, o_direct=True).key == KEY and odd == pay
         bad = bytearray(open(p, "rb").read())
         bad[-5] ^= 0x10
         open(p, "wb").write(bad)
         with pytest.raises(errors.ChecksumError):
-            _io.read_into_fused(p, row, expect=L, key=KEY, o_direct=True)
+            _fused.read_into_fused(p, row, expect=L, key=KEY, o_direct=True)
         assert row[:L.payload_bytes] == bytes(L.payload_bytes)
     finally:
         if where == "shm":
@@ -141,7 +142,7 @@ def test_fused_write_o_direct_is_byte_identical(tmp_path, where: str) -> None:  
         for name, src in (("aligned", row[:L.payload_bytes]), ("unaligned", memoryview(bytearray(b"\0" + pay))[1:])):
             hdr, data, _ = encode_block(src, L, KEY, provenance=prov, payload_xxh3=0)
             a = os.path.join(d, f"{name}.kvf")
-            assert _io.write_block_fused(a, hdr, data, o_direct=True, fsync=True) == (True, xxhash.xxh3_64_hexdigest(pay))
+            assert _fused.write_block_fused(a, hdr, data, o_direct=True, fsync=True) == (True, xxhash.xxh3_64_hexdigest(pay))
             b = os.path.join(d, "ref.kvf")
             K.save_file(pay, b, L, KEY, provenance=prov)
             assert open(a, "rb").read() == open(b, "rb").read(), name

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvformat as K
-from kvformat._spec import DTYPE_SIZES
+from kvformat._header import decode_header, encode_header
+from kvformat._consts import DTYPE_SIZES
 
 BUDGET = 512 * 1024  # payload bytes the width is chosen to fit (a width of 1 may exceed it: at most 1 MiB)
 KV_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "fp8_ds_mla": "U8"}
@@ -89,17 +90,17 @@ def test_header_round_trip(case):
     L, key, prov, pay = case
     hdr_bytes, data = K.encode(pay, L, key, provenance=prov)
     assert len(hdr_bytes) % K.ALIGNMENT == 0
-    hdr = K.decode_header(hdr_bytes)
+    hdr = decode_header(hdr_bytes)
     assert (hdr.layout, hdr.key, hdr.provenance, hdr.codec) == (L, key, prov, "none")
     assert hdr.layout.namespace() == L.namespace() and hdr.extra == {}
     assert K.CanonicalLayout.from_dict(L.to_dict()) == L
     # encode_header is a pure function of its inputs: re-encoding the decoded header gives the same bytes.
-    again = K.encode_header(hdr.layout, hdr.key, hdr.provenance, codec=hdr.codec, data_bytes=hdr.data_bytes,
+    again = encode_header(hdr.layout, hdr.key, hdr.provenance, codec=hdr.codec, data_bytes=hdr.data_bytes,
                             data_xxh3=hdr.data_xxh3, raw_xxh3=hdr.raw_xxh3)
     assert again == hdr_bytes
     # The namespace ignores provenance (F-9: tp/pp/row are not identity).
     hdr2, _ = K.encode(pay, L, key, provenance=K.Provenance(tp=prov.tp % 16 + 1, row="canonical"))
-    assert K.decode_header(hdr2).layout.namespace() == L.namespace()
+    assert decode_header(hdr2).layout.namespace() == L.namespace()
 
 
 @SETTINGS

@@ -16,6 +16,7 @@ import torch
 import xxhash
 
 import kvformat as K
+from kvformat._header import decode_header
 from kvformat import errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +109,7 @@ def test_invalid_vector(name, tmp_path):
             assert getattr(ei2.value, attr) == exp[attr]
     if exp.get("zero_filled"):
         # read_into gets the payload size from the header, so invalidation covers exactly that prefix.
-        n = K.decode_header(raw, verify=False).raw_bytes
+        n = decode_header(raw, verify=False).raw_bytes
         assert bytes(out[:n]) == bytes(n), "destination not invalidated after a checksum failure"
 
 

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import safetensors.torch  # noqa: E402
 
 import kvformat as K  # noqa: E402
+from kvformat._header import decode_header  # noqa: E402
 
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(61)]
 LAYOUT = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", NAMES, 64, 576)
@@ -208,7 +209,7 @@ def components(root: str, n: int = 300) -> None:
         "encode (xxh3 + header)": lambda: K.encode(flat, LAYOUT, _keys(1)[0], provenance=PROV),
         "raw open+readv+close": lambda: raw_read(raw, dst),
         "xxh3 of the payload": lambda: xxhash.xxh3_64_hexdigest(dst),
-        "decode_header (61 layers)": lambda: K.decode_header(head),
+        "decode_header (61 layers)": lambda: decode_header(head),
         "read_into verify=False": lambda: K.read_into(p, dst, verify=False),
         "read_into verify=True": lambda: K.read_into(p, dst),
     }

@@ -29,8 +29,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from kvformat import BlockKey, CanonicalLayout, Provenance  # noqa: E402
+from kvformat import BlockKey, CanonicalLayout, Provenance, block_relpath  # noqa: E402
 from kvformat.legacy import ROW_ALIGN, legacy_fields, write_legacy_row  # noqa: E402
+from kvformat._consts import round_up  # noqa: E402
 from kvformat.storage import open_store  # noqa: E402
 
 MODEL = "deepseek-ai/DeepSeek-V3"
@@ -41,7 +42,7 @@ def build_legacy(root: str, n_files: int, tp: int, n_layers: int) -> int:
     fields = legacy_fields(MODEL, tokens_per_hash=64, blocks_per_file=1, dtype="bfloat16",
                            kv_cache_groups=[{"tokens_per_block": 64, "layer_names": names}], tp=tp)
     slot = n_layers * 64 * 576 * 2
-    row_bytes = -(-slot * tp // ROW_ALIGN) * ROW_ALIGN
+    row_bytes = round_up(slot * tp, ROW_ALIGN)
     rng = np.random.default_rng(0)
     total = 0
     for i in range(n_files):
@@ -66,7 +67,7 @@ def build_kvf(root: str, n: int) -> None:
     for i in range(n):
         h = hashlib.sha256(f"s/{i}".encode()).hexdigest()
         hdr, _ = encode(pay, lay, BlockKey(h), provenance=Provenance(tp=8, row="per_worker"))
-        p = os.path.join(store.root, f"{lay.namespace()}/{h[:2]}/{h[2:4]}/{h}.kvf")
+        p = os.path.join(store.root, block_relpath(lay, BlockKey(h)))
         os.makedirs(os.path.dirname(p), exist_ok=True)
         with open(p, "wb") as f:
             f.write(hdr)

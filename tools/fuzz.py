@@ -53,7 +53,7 @@ import zstandard  # noqa: E402
 
 import kvformat as K  # noqa: E402
 from kvformat._header import _hxxh3_pos  # noqa: E402
-from kvformat._spec import ALIGNMENT, HEX64_LEN, HEX64_ZERO, MAX_HEADER_BYTES  # noqa: E402
+from kvformat._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO, MAX_HEADER_BYTES  # noqa: E402
 
 SENTINEL = 0xA5
 _U64 = struct.Struct("<Q")
@@ -654,7 +654,7 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
 def _meta_trees(d: str) -> list[tuple[str, str, list[list[str]]]]:
     """(root, metadata file, CLI commands) for a kvformat namespace and a legacy vLLM fs-tier tree."""
     from kvformat import legacy
-    from kvformat._spec import NAMESPACE_FILE
+    from kvformat._paths import NAMESPACE_FILE
     from kvformat.storage import open_store
 
     lay = K.CanonicalLayout.uniform("org/meta", "bfloat16", ["l0", "l1"], 4, 8)

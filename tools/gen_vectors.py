@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import kvformat as K  # noqa: E402
 from kvformat import _codec  # noqa: E402
-from kvformat._spec import ALIGNMENT, HEX64_LEN, HEX64_ZERO  # noqa: E402
+from kvformat._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO  # noqa: E402
 
 CREATED = 1767225600  # 2026-01-01T00:00:00Z
 WRITER = "kvformat-vectors"

@@ -2,8 +2,8 @@
 
 Mutants (each applied alone, in a temporary copy of the tree, never in the working tree):
 
-* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/_header.py, _format.py,
-  _spec.py, _io.py, _codec.py becomes ``pass`` (the check is gone, the code goes on);
+* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/_header.py, _header_json.py, _format.py,
+  _consts.py, _spec.py, _read.py, _fused.py, _codec.py becomes ``pass`` (the check is gone, the code goes on);
 * every ``if`` whose condition line carries an ``F-x.y`` comment gets the condition ``False``;
 * hand-written mutants for checks that are not a single raise: the version regex (F-4.2), the stored
   data checksum (F-5.2), the zero-on-failure code (F-5.5, both call sites and ``invalidate``) and the
@@ -13,7 +13,7 @@ A mutant is *killed* when at least one selected test fails (pytest ``-x``: it st
 failure, so killed mutants are quick); it *survives* when every test passes
 (``EQUIVALENT`` lists the survivors shown equivalent, with why). Tests per mutant:
 ``--tests`` (default: the format tests, which cover every F-check in a few seconds) plus, for
-_io.py mutants, the file-path tests. Prints a markdown table; ``--out`` also writes it to a file.
+_read.py / _fused.py mutants, the file-path tests. Prints a markdown table; ``--out`` also writes it to a file.
 
     python tools/mutate.py                    # all mutants (~3 s to ~20 s each)
     python tools/mutate.py --only F-5.5 odirect --out /tmp/mutants.md
@@ -33,7 +33,9 @@ import time
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["kvformat/_header.py", "kvformat/_format.py", "kvformat/_spec.py", "kvformat/_io.py", "kvformat/_codec.py"]
+FILES = ["kvformat/_header.py", "kvformat/_header_json.py", "kvformat/_format.py", "kvformat/_consts.py",
+         "kvformat/_spec.py", "kvformat/_read.py", "kvformat/_fused.py", "kvformat/_codec.py"]
+IO_FILES = ("kvformat/_read.py", "kvformat/_fused.py")  # the file paths: their mutants also run IO_TESTS
 FID = re.compile(r"#.*?\b(F-\d+\.\d+)")
 DEFAULT_TESTS = ["tests/test_vectors.py", "tests/test_format.py", "tests/test_mutants.py"]
 IO_TESTS = ["tests/test_untrusted.py", "tests/test_native_io.py"]  # the file paths, the fused ones included
@@ -99,9 +101,9 @@ HAND = [
     ("F-5.5", "kvformat/_format.py",
      "    out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))",
      "    pass", "invalidate() is a no-op"),
-    ("F-5.5", "kvformat/_io.py", "        invalidate(dst)  # F-5.5: never leave partly read",
+    ("F-5.5", "kvformat/_read.py", "        invalidate(dst)  # F-5.5: never leave partly read",
      "        pass  # F-5.5: never leave partly read", "the read pipeline does not zero on failure"),
-    ("odirect", "kvformat/_io.py",
+    ("odirect", "kvformat/_read.py",
      "        if not self.o_direct:\n            return _read_exact(self.fd, dst, offset)",
      "        if True:\n            return _read_exact(self.fd, dst, offset)", "the O_DIRECT branch never runs"),
 ]
@@ -110,14 +112,14 @@ HAND = [
 # Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
 # mutated statement's first line. Reported as "equivalent", not as survivors.
 EQUIVALENT = {
-    ("kvformat/_header.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
+    ("kvformat/_header_json.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
                             '{layout.payload_bytes}")'):
         "the layout is built from the same tensor table: F-4.7 ties each tensor's bytes to its shape, F-4.8 "
         "tiles them from 0, F-4.9 fixes the first dimension, so the totals cannot differ",
     ("kvformat/_format.py", "if out is not None:"):
         "every caller that passes an out zeroes it itself on any failure (read_payload_from's and decode's "
         "except clauses, both pinned by their own mutants), so verify_data's zeroing is a second one",
-    ("kvformat/_io.py", 'raise TruncatedError("header", end, size)'):
+    ("kvformat/_read.py", 'raise TruncatedError("header", end, size)'):
         "decode_header raises the same TruncatedError('header', end, size) on the short buffer; the only "
         "difference is one read of at most MAX_HEADER_BYTES (F-8.1 is checked first)",
 }
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in muts:
             original = apply(tree, m)
             try:
-                tests = a.tests + (IO_TESTS if m.path.endswith("_io.py") else [])
+                tests = a.tests + (IO_TESTS if m.path in IO_FILES else [])
                 tests = [t for t in tests if os.path.exists(os.path.join(tree, t))]
                 killed, by, dt = run_tests(tree, tests, a.timeout)
             finally:

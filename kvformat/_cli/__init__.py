@@ -15,162 +15,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import KVFormatError, UsageError
-from ._util import (
-    MAX_JOBS,
-    human,
-    int_arg,
-    iso,
-    jobs_arg,
-    layers_arg,
-    mode_arg,
-    progress_wanted,
-    shown,
-    size_arg,
+from ._args import (
+    EXIT_BAD, EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE, build_parser,
 )
+from ._util import human, iso, progress_wanted, shown
 
 __all__ = ["EXIT_CODES", "main"]
-
-EXIT_OK, EXIT_BAD, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 3, 130, 141
-EXIT_CODES = {
-    EXIT_OK: "success: everything checked is good",
-    EXIT_BAD: "bad files found (corrupt, misplaced, replicas differ) or some files failed to convert",
-    EXIT_USAGE: "usage error, a path that is not a kvformat/legacy root, unreadable input or metadata, "
-                "a legacy layout that needs --page-bytes, an I/O error",
-    EXIT_INTERNAL: "internal error: a bug in kvformat (set KVFORMAT_DEBUG=1 for the traceback; please report it)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-    EXIT_PIPE: "stdout closed early (e.g. piped into head): stops quietly, as a tool killed by SIGPIPE does",
-}
-_SIZES = "SIZE: 1000000, 500G, 1.5TB, 64MiB (K/M/G/T/P = powers of 1000, KiB..PiB = powers of 1024)"
-
-
-def _exit_codes_text() -> str:
-    return "exit codes:\n" + "\n".join(f"  {c:<4} {t}" for c, t in EXIT_CODES.items())
-
-
-def _epilog(examples: str) -> str:
-    return f"examples:\n{examples}\n\n{_exit_codes_text()}\n\nsee docs/cli.md for the --json schemas."
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the examples' line breaks; shows defaults in the option help where they are stated."""
-
-
-def _sub(sub: Any, name: str, help_: str, description: str, examples: str) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help_, description=description, epilog=_epilog(examples),
-                                                formatter_class=_Formatter)
-    return p
-
-
-def _common(s: argparse.ArgumentParser, *, progress: bool = True) -> None:
-    s.add_argument("--json", action="store_true",
-                   help="print one JSON document on stdout instead of text (schema in docs/cli.md)")
-    if progress:
-        s.add_argument("--quiet", "-q", action="store_true",
-                       help="no progress bar (progress is drawn on stderr only when it is a terminal)")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvformat", formatter_class=_Formatter,
-        description="Inspect, verify, compact and bound kvformat KV-cache roots (and vLLM fs-tier caches).",
-        epilog=_epilog("  kvformat demo                                # the whole story, no flags (~2 s)\n"
-                       "  kvformat inspect /cache                      # per namespace: files, bytes, TP sizes, age\n"
-                       "  kvformat verify /cache --quarantine          # full checksum pass, bad files moved aside\n"
-                       "  kvformat compact /vllm-fs-cache /cache -j 2  # vLLM fs-tier rows -> kvformat files\n"
-                       "  kvformat gc /cache --max-bytes 500GiB        # evict least recently used files\n\n"
-                       + _SIZES))
-    from .. import __version__
-
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-
-    s = _sub(sub, "inspect", "show a file, a kvformat root or a legacy vLLM fs-tier root",
-             "Show one file (header, layout table, key, provenance, checksums) or a root (one row per namespace).",
-             "  kvformat inspect /cache\n  kvformat inspect /cache --verify --json\n"
-             "  kvformat inspect /cache/<namespace>/ab/cd/<hash>.kvf")
-    s.add_argument("path", metavar="PATH",
-                   help="a .kvf file, a kvformat root or namespace directory, a legacy root or .bin file, or a URL")
-    g = s.add_mutually_exclusive_group()
-    g.add_argument("--verify", dest="verify", action="store_true", default=None,
-                   help="also check every payload (default for one file; directories check headers only)")
-    g.add_argument("--no-verify", dest="verify", action="store_false", help="read headers only, even for one file")
-    s.add_argument("--jobs", "-j", type=jobs_arg, default=4, metavar="N",
-                   help=f"threads checking payloads with --verify (1..{MAX_JOBS}, default 4)")
-    s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
-                   help="legacy roots: bytes of one block of one layer, when the file size allows several layouts")
-    _common(s)
-
-    s = _sub(sub, "verify", "full checksum and placement pass over a file or a root",
-             "Check every block file exactly as a load does: header, key and namespace against its path, "
-             "checksums of header and payload. On a legacy vLLM root: sizes and worker replicas.",
-             "  kvformat verify /cache\n  kvformat verify /cache --quarantine --json\n"
-             "  kvformat verify s3://bucket/cache --jobs 8")
-    s.add_argument("path", metavar="PATH",
-                   help="a .kvf file, a kvformat root or namespace directory, a legacy root or .bin file, or a URL")
-    s.add_argument("--quarantine", action="store_true",
-                   help="move bad kvformat block files to <root>/.quarantine/<path>.<Reason> (never other files)")
-    s.add_argument("--jobs", "-j", type=jobs_arg, default=2, metavar="N",
-                   help=f"threads reading and hashing payloads (1..{MAX_JOBS}, default 2)")
-    s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
-                   help="legacy roots: bytes of one block of one layer, when the file size allows several layouts")
-    _common(s)
-
-    s = _sub(sub, "compact", "convert a legacy vLLM fs-tier root into kvformat files",
-             "Write each legacy block once, TP-independent, after checking its worker replicas agree. "
-             "Idempotent and resumable: a re-run verifies existing outputs (payload included) and rewrites bad ones.",
-             "  kvformat compact /vllm-fs-cache /cache -j 2\n  kvformat compact /vllm-fs-cache /cache --dry-run\n"
-             "  kvformat compact /vllm-fs-cache /cache --delete-source --mode 0640")
-    s.add_argument("src", metavar="SRC", help="the legacy root (the fs tier's root directory)")
-    s.add_argument("dst", metavar="DST", help="the kvformat root to write (a directory or a URL that outlives "
-                   "this process; memory:// is refused)")
-    s.add_argument("--jobs", "-j", type=jobs_arg, default=1, metavar="N",
-                   help=f"threads converting files (1..{MAX_JOBS}, default 1)")
-    s.add_argument("--dry-run", "-n", action="store_true", help="print what would be written and the bytes saved; "
-                   "write nothing")
-    s.add_argument("--delete-source", action="store_true",
-                   help="remove each source file after its output is written and read back verified")
-    s.add_argument("--page-bytes", type=int_arg(1, what="a byte count"), default=None, metavar="N",
-                   help="bytes of one block of one layer, when the file size allows several layouts")
-    s.add_argument("--pp-layers", type=layers_arg, default=None, metavar="N,N,...",
-                   help="a pipeline-parallel writer's partition: decoder layers per stage (e.g. 31,30; vLLM's "
-                        "get_pp_indices or VLLM_PP_LAYER_PARTITION); config.json names stage 0's layers only")
-    s.add_argument("--cp-interleave", type=int_arg(1, 1 << 16, "a token count"), default=1, metavar="N",
-                   help="a DCP writer's cp_kv_cache_interleave_size (vLLM's default 1; config.json omits it)")
-    s.add_argument("--codec", choices=("none", "zstd"), default="none", help="payload codec (default none)")
-    s.add_argument("--level", type=int_arg(0, 22, "a zstd level"), default=3, metavar="N",
-                   help="zstd level 0..22 (default 3; used with --codec zstd)")
-    s.add_argument("--fsync", action="store_true", help="fsync each output before counting it done")
-    s.add_argument("--mode", type=mode_arg, default=None, metavar="MODE",
-                   help="octal mode of the files written (e.g. 0640; directories created get x where r is set). "
-                        "Default: 0644 and 0755 filtered by the umask")
-    _common(s)
-
-    s = _sub(sub, "gc", "evict least recently used files until a root is under a size; purge quarantine",
-             "Evict block files, oldest mtime first, until the root holds at most SIZE; remove stale temp files. "
-             "Works on a kvformat root only and deletes only block files inside its namespaces. "
-             "Safe while a tier serves from ROOT.",
-             "  kvformat gc /cache --max-bytes 500GiB --dry-run\n  kvformat gc /cache --max-bytes 1.5TB\n"
-             "  kvformat gc /cache --quarantine\n\n" + _SIZES)
-    s.add_argument("root", metavar="ROOT", help="a kvformat root (directory or URL); not a namespace, not a "
-                   "directory of several roots")
-    s.add_argument("--max-bytes", type=size_arg, default=None, metavar="SIZE",
-                   help="bound on the bytes of block files; 0 means no limit (as for the tier's max_bytes)")
-    s.add_argument("--quarantine", action="store_true",
-                   help="also delete every file under ROOT/.quarantine (local roots)")
-    s.add_argument("--dry-run", "-n", action="store_true",
-                   help="list what would be deleted, in the words a real run uses; delete nothing")
-    _common(s)
-
-    s = _sub(sub, "demo", "the whole story on a small DeepSeek-shaped cache, in a temp directory",
-             "Write a TP=8 legacy cache, inspect it, compact it, read it back at TP=2 and TP=1, catch a corrupt file.",
-             "  kvformat demo\n  kvformat demo --dir /tmp/kvf-demo --layers 4 --blocks 4")
-    s.add_argument("--dir", default=None, metavar="DIR", help="work here instead of a temp directory (kept)")
-    s.add_argument("--layers", type=int_arg(1, 61, "a layer count"), default=8, metavar="N",
-                   help="MLA layers per block, 1..61 (default 8)")
-    s.add_argument("--blocks", type=int_arg(1, 4096, "a block count"), default=12, metavar="N",
-                   help="blocks to write, 1..4096 (default 12)")
-    _common(s, progress=False)
-    return p
 
 
 class _StdoutClosed(Exception):
@@ -209,7 +59,7 @@ def _silence_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (``EXIT_CODES``: 0 ok, 1 bad files, 2 usage or I/O, 3 internal, …)."""
-    parser = _parser()
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help

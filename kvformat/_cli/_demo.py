@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .._spec import BlockKey, block_relpath
+from .._consts import round_up
+from .._paths import block_relpath, hash_relpath
+from .._spec import BlockKey
 from ..errors import ChecksumError, UsageError
 from ..legacy import ROW_ALIGN, legacy_fields, write_legacy_row
 from ..storage import open_store
@@ -66,7 +68,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     fields = legacy_fields(MODEL, tokens_per_hash=TOKENS_PER_BLOCK, blocks_per_file=1, dtype="bfloat16",
                            kv_cache_groups=[{"tokens_per_block": TOKENS_PER_BLOCK, "layer_names": names}], tp=TP)
     slot = n_layers * TOKENS_PER_BLOCK * WIDTH * 2
-    row_bytes = -(-slot * TP // ROW_ALIGN) * ROW_ALIGN
+    row_bytes = round_up(slot * TP, ROW_ALIGN)
     rng = np.random.default_rng(0)
     payloads: dict[str, bytes] = {}
     _say(f"1. a legacy vLLM fs-tier cache written at TP={TP}")
@@ -96,7 +98,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     store = open_store(dst)
     first = sorted(payloads)[0]
     ns = store.namespaces()[0]
-    rel0 = f"{ns}/{first[:2]}/{first[2:4]}/{first}.kvf"
+    rel0 = hash_relpath(ns, first)
     print()
     print(render_file(inspect_file(os.path.join(dst, rel0))))
 
@@ -104,7 +106,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     layout = store.read_header(rel0).layout
     read_back: dict[int, int] = {}
     for tp in (2, 1):
-        rb = memoryview(bytearray(-(-slot * tp // ROW_ALIGN) * ROW_ALIGN))
+        rb = memoryview(bytearray(round_up(slot * tp, ROW_ALIGN)))
         equal = 0
         for h, p in payloads.items():
             store.read_into(block_relpath(layout, BlockKey(h, 0)), rb[:slot], expect=layout, key=BlockKey(h, 0))

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from typing import Any, Callable
 
+from .._files import read_row
 from .._io import read_header, read_into
 from .._spec import BlockHeader
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
@@ -152,8 +153,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                         progress.add_total(len(ok), sum(f.size for f in ok))
                     for f in ok:
                         try:
-                            with open(f.path, "rb") as fh:
-                                n = fh.readinto(buf)
+                            n = read_row(f.path, buf)
                             if n != row.row_bytes:
                                 raise LegacyLayoutError(f"short read: {n} of {row.row_bytes} bytes")
                             extract_payload(row, buf, path=f.path)
@@ -271,7 +271,7 @@ def legacy_file_namespace(path: str) -> tuple[Any, LegacyFile] | None:
 def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
                         page_bytes: int | None = None) -> dict[str, Any]:
     """Row layout of one legacy file, its replica status and the kvformat file it compacts to."""
-    from .._spec import block_relpath
+    from .._paths import block_relpath
     from ..legacy import key_for
 
     out: dict[str, Any] = {"kind": "legacy_file", "path": f.path, "namespace": ns.base, "group": f.group,
@@ -289,8 +289,7 @@ def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
     out["compacts_to"] = block_relpath(row.layout, key_for(f))
     if verify:
         buf = memoryview(bytearray(row.row_bytes))
-        with open(f.path, "rb") as fh:
-            fh.readinto(buf)
+        read_row(f.path, buf)
         try:
             extract_payload(row, buf, path=f.path)
             out["replicas"] = "identical" if row.copies > 1 else "single"

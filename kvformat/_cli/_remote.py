@@ -7,11 +7,10 @@ Legacy vLLM trees are local only (vLLM's fs tier writes to a file system).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from .._placement import block_path_parts, placement_error
-from .._spec import FILE_SUFFIX, NAMESPACE_FILE
+from .._paths import FILE_SUFFIX, NAMESPACE_FILE, block_path_parts
+from .._placement import placement_error
 from ..errors import KVFormatError
 from ..storage import Store, open_store
 from ..scan import ProgressSink, scan_store, totals
@@ -21,7 +20,6 @@ from ._util import UsageError
 # Objects per header round, and payload bytes held in memory per verify round.
 _BATCH = 256
 _VERIFY_BATCH_BYTES = 256 << 20
-_BLOCK_TAIL = re.compile(r"^[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]+" + re.escape(FILE_SUFFIX) + "$")
 
 
 def is_url(path: str) -> bool:
@@ -43,7 +41,7 @@ def _open_file(url: str) -> tuple[Store, str]:
     gives the root (so ``--quarantine`` moves it to ``<root>/.quarantine/``), anything else its parent."""
     scheme, rest = url.split("://", 1)
     parts = rest.split("/")
-    if len(parts) >= 5 and _BLOCK_TAIL.match("/".join(parts[-3:])):
+    if len(parts) >= 5 and block_path_parts("/".join(parts[-4:]), strict=False) is not None:
         return open_store(f"{scheme}://{'/'.join(parts[:-4])}"), "/".join(parts[-4:])
     par = _parent(url)
     if par is None:

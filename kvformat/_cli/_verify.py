@@ -11,7 +11,8 @@ import os
 from typing import Any
 
 from .._io import read_header, read_into
-from .._placement import block_path_parts, placement_error
+from .._paths import block_path_parts
+from .._placement import placement_error
 from ..errors import KVFormatError
 from ..legacy import is_legacy_root
 from ..storage import LocalStore

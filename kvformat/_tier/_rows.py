@@ -19,10 +19,11 @@ import numpy as np
 
 from .._format import encode_block
 from .._header import check_layout
-from .._spec import FILE_SUFFIX, BlockKey, CanonicalLayout, Provenance
+from .._paths import hash_relpath
+from .._spec import BlockKey, CanonicalLayout, Provenance
 from ..layout import RowPlan
 from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
-from .._io import read_into_fused, write_block_fused
+from .._fused import read_into_fused, write_block_fused
 from .._native import xxh3_64
 from ..storage import Store
 from ..storage._local import LocalStore
@@ -136,7 +137,7 @@ class RowEngine:
 
     # -- helpers -----------------------------------------------------------------------------------
     def relpath(self, h: str) -> str:
-        return f"{self.ns}/{h[:2]}/{h[2:4]}/{h}{FILE_SUFFIX}"
+        return hash_relpath(self.ns, h)
 
     def warn_once(self, reason: str, msg: str, *args: Any) -> None:
         with self._warn_lock:

@@ -10,8 +10,10 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from .._io import _O_DIRECT, TMP_PREFIX, FileSource, iter_files, temp_writer_gone, write_atomic
-from .._spec import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from .._files import iter_files
+from .._read import _O_DIRECT, FileSource
+from .._write import TMP_PREFIX, temp_writer_gone, write_atomic
+from .._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
 from ..errors import KVFormatError
 from ._base import Store, StoreEntry
 

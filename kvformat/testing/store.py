@@ -20,8 +20,9 @@ import pytest
 
 from .. import _format
 from .._header import encode_header, xxh3_hex
-from .._io import TMP_PREFIX
-from .._spec import BlockKey, CanonicalLayout, block_relpath
+from .._write import TMP_PREFIX
+from .._paths import block_relpath
+from .._spec import BlockKey, CanonicalLayout
 from ..errors import ChecksumError, CodecError, KVFormatError, LayoutMismatchError, TruncatedError
 from ..storage import LocalStore, Store
 

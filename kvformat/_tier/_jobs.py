@@ -1,0 +1,198 @@
+"""The tier's store/load jobs: per-key results collected into one finished job, the keys that failed to
+load, counter deltas, and the bounded shutdown. No vLLM import: the adapter passes in vLLM's job-result
+type, its key -> (engine, block hash) mapping, and the hooks that feed vLLM's lookups and events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._lru import LRUIndex
+from ._pool import DualPool, TaskPair
+from ._rows import CANCELLED, COUNTERS, EXISTS, WRITTEN, Counters, RowEngine
+
+Target = Callable[[Any], "tuple[RowEngine | None, str | None]"]
+
+
+class Job:
+    __slots__ = ("job_id", "keys", "is_load", "remaining", "results", "nbytes", "t0", "lock", "req_context")
+
+    def __init__(self, job_id: Any, keys: list[Any], is_load: bool, req_context: Any = None) -> None:
+        self.job_id = job_id
+        self.req_context = req_context
+        self.keys = keys
+        self.is_load = is_load
+        self.remaining = len(keys)
+        self.results: list[Any] = [None] * len(keys)
+        self.nbytes = 0
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+
+
+@dataclass(eq=False)
+class JobBook:
+    """Runs jobs on the pool and queues their results (``make_result(job_id, success, successful_keys=…,
+    transfer_time=…, transfer_bytes=…)``) for :meth:`take_finished`.
+
+    ``on_stored(job, keys)`` (None: no events) sees the keys of a store job now on storage;
+    ``mark_miss(keys)`` the keys a load failed on, which stay in :attr:`failed` until stored again.
+    """
+
+    pool: DualPool
+    target: Target
+    warn: Callable[..., None]
+    make_result: Callable[..., Any]
+    on_stored: Callable[[Job, list[Any]], None] | None
+    mark_miss: Callable[[list[Any]], None]
+    _jobs_finished: list[Any] = field(default_factory=list, init=False)
+    _store_outcomes: list[list[tuple[Any, Any]]] = field(default_factory=list, init=False)
+    _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _load_keys: dict[Any, list[Any]] = field(default_factory=dict, init=False)
+    failed: set[Any] = field(default_factory=set, init=False)
+
+    def submit(self, job_id: Any, keys: list[Any], chunk_ids: Iterable[Any], *, load: bool,
+               req_context: Any = None) -> None:
+        job = Job(job_id, keys, is_load=load, req_context=req_context)
+        if load:
+            self._load_keys[job.job_id] = keys
+        if not keys:
+            with self._finished_lock:
+                self._jobs_finished.append(self.make_result(job.job_id, True, transfer_time=0.0, transfer_bytes=0))
+            return
+        task = self._load_task if load else self._store_task
+        self.pool.submit([task(job, i, k, int(c)) for i, (k, c) in enumerate(zip(keys, chunk_ids))], load=load)
+
+    def finish(self, job: Job, i: int, result: Any, nbytes: int) -> None:
+        with job.lock:
+            job.results[i] = result
+            job.nbytes += nbytes
+            job.remaining -= 1
+            if job.remaining:
+                return
+        if job.is_load:
+            ok = [k for k, r in zip(job.keys, job.results) if r is not None]
+            success = len(ok) == len(job.keys)
+            res = self.make_result(job.job_id, success, successful_keys=None if success else tuple(ok),
+                                    transfer_time=time.monotonic() - job.t0, transfer_bytes=job.nbytes)
+        else:
+            # Success means every chunk is on storage now. FAILED, REPLICA_MISMATCH, an error, a cancelled
+            # task or a key of another group stored nothing: vLLM then counts a failed store (its
+            # back-pressure detector may pause stores to this tier), and the primary copy is released
+            # exactly as after a success, so nothing else changes for the chunk.
+            success = all(r in (WRITTEN, EXISTS) for r in job.results)
+            res = self.make_result(job.job_id, success, transfer_time=time.monotonic() - job.t0,
+                                    transfer_bytes=job.nbytes)
+            if self.on_stored is not None:
+                stored = [k for k, r in zip(job.keys, job.results) if r in (WRITTEN, EXISTS)]
+                if stored:
+                    self.on_stored(job, stored)
+        with self._finished_lock:
+            self._jobs_finished.append(res)
+            if not job.is_load:
+                self._store_outcomes.append(list(zip(job.keys, job.results)))
+
+    def _store_task(self, job: Job, i: int, key: Any, cid: int) -> TaskPair:
+        eng, h = self.target(key)
+
+        def run() -> None:
+            outcome, n = "skipped", 0
+            try:
+                if eng is not None and h is not None:
+                    outcome, n = eng.store_chunk(h, cid)
+            except Exception as e:  # OSError (ENOSPC …) or a bug: this chunk is not stored, the job fails
+                outcome = "error"
+                self.warn(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
+            self.finish(job, i, outcome, n)
+
+        def fail() -> None:  # never ran (tier shut down): not stored
+            self.finish(job, i, CANCELLED, 0)
+        return run, fail
+
+    def _load_task(self, job: Job, i: int, key: Any, cid: int) -> TaskPair:
+        eng, h = self.target(key)
+
+        def run() -> None:
+            got = None
+            try:
+                if eng is not None and h is not None:
+                    got = eng.load_chunk(h, cid)
+            except Exception as e:
+                self.warn(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
+            self.finish(job, i, got, got or 0)
+
+        def fail() -> None:  # never ran (tier shut down): a miss
+            self.finish(job, i, None, 0)
+        return run, fail
+
+    def take_finished(self) -> list[Any]:
+        with self._finished_lock:
+            done, self._jobs_finished = self._jobs_finished, []
+            outcomes, self._store_outcomes = self._store_outcomes, []
+        for results in outcomes:
+            for k, r in results:
+                # EXISTS counts too: after a transient failure (storage briefly unreachable) the re-store
+                # finds the file still there, and the key must become loadable again.
+                if r in (WRITTEN, EXISTS):
+                    self.failed.discard(k)
+        for res in done:
+            keys = self._load_keys.pop(res.job_id, None)
+            if keys is not None and not res.success:
+                ok = set(res.successful_keys or ())
+                failed = [k for k in keys if k not in ok]
+                if len(self.failed) > 1_000_000:
+                    self.failed.clear()
+                self.failed.update(failed)
+                self.mark_miss(failed)
+        return done
+
+
+class CounterReport:
+    """The engines' counters as totals, or as the increases since the previous :meth:`deltas`."""
+
+    def __init__(self, counters: Counters, index: LRUIndex) -> None:
+        self._counters = counters
+        self._index = index
+        self._reported: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+
+    def deltas(self) -> dict[str, int]:
+        values, _ = self._counters.snapshot()
+        out = {k: v - self._reported.get(k, 0) for k, v in values.items()}
+        self._reported = values
+        return {k: d for k, d in out.items() if d}
+
+    def totals(self) -> dict[str, int]:
+        values, quarantined = self._counters.snapshot()
+        values.update({f"quarantined:{r}": n for r, n in quarantined.items()})
+        values["used_bytes"] = self._index.used
+        values["files"] = len(self._index)
+        return values
+
+
+def shutdown_bounded(timeout_s: float, stop: threading.Event, engines: Iterable[RowEngine], pool: DualPool,
+                     scan: threading.Thread, stop_lookups: Callable[[], None], flat: memoryview) -> bool:
+    """Stop the tier's threads within ``timeout_s``; release ``flat`` (and the engines' views of it) only
+    when none of them can touch it any more. False when it gave up waiting (``flat`` is then left alone)."""
+    deadline = time.monotonic() + timeout_s
+    stop.set()
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    engines = list(engines)
+    for eng in engines:  # pending mtime touches are dropped: they only refine a restart's order
+        eng.toucher.close(0)
+    idle = pool.shutdown(timeout=left())
+    scan.join(left())
+    lookups = threading.Thread(target=stop_lookups, name="kvformat_tier_lookups_stop", daemon=True)
+    lookups.start()
+    lookups.join(left())
+    if not (idle and not scan.is_alive() and not lookups.is_alive()):
+        return False
+    for eng in engines:
+        eng.close()
+    flat.release()
+    return True
