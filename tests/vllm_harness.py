@@ -158,13 +158,17 @@ class Deployment:
                                tokens_per_hash=tokens_per_hash, cpu_bytes=row * num_chunks, group=group,
                                enable_kv_events=enable_kv_events, engine_id=self.engine_id)
         self.spec = TieringOffloadingSpec(self.cfg)
-        self.mgr: Any = self.spec.get_manager()
-        self.replicated = bool(self.spec.replicated_layout)
+        self._attach(self.spec.get_manager())
         self.copies = 1 if self.replicated else tp
-        self.row_bytes = self.spec.kv_bytes_per_chunk
         assert self.row_bytes == row, (self.row_bytes, row)
+
+    def _attach(self, mgr: Any) -> None:
+        """Take the manager vLLM built (with its tiers) and map its primary region's rows."""
+        self.mgr = mgr
+        self.replicated = bool(self.spec.replicated_layout)
+        self.row_bytes = self.spec.kv_bytes_per_chunk
         self.num_chunks = self.spec.num_chunks
-        self.view: memoryview = self.mgr.primary_tier.get_kv_memoryview()
+        self.view: memoryview = mgr.primary_tier.get_kv_memoryview()
         self._rows: np.ndarray | None = np.asarray(self.view).view(np.uint8)  # (num_chunks, row_bytes)
         self._req = 0
         self._closed = False

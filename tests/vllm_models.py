@@ -229,17 +229,10 @@ class ModelDeployment(Deployment):
         self.spec = TieringOffloadingSpec(ocfg)
         # vLLM's own scheduler-side connector builds the manager (and so the tiers) with its configs in scope.
         self.scheduler = OffloadingConnectorScheduler(self.spec, vc, skc)
-        self.mgr = self.scheduler.manager
-        self.replicated = bool(self.spec.replicated_layout)
+        self._attach(self.scheduler.manager)
         self.copies = 1 if (self.replicated or row == "canonical") else tp
         del copies
         self.slot_bytes = self.spec.cpu_page_size_per_worker
-        self.row_bytes = self.spec.kv_bytes_per_chunk
-        self.num_chunks = self.spec.num_chunks
-        self.view = self.mgr.primary_tier.get_kv_memoryview()
-        self._rows = np.asarray(self.view).view(np.uint8)
-        self._req = 0
-        self._closed = False
         self.gpu = regions  # the GPU KV cache (CPU memory here): raw buffer, per-layer views, regions
         pages = [t.page_size_bytes for t in regions.caches.tensors]
         self._region_off = [sum(pages[:i]) * bpc for i in range(len(pages))]

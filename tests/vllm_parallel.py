@@ -101,17 +101,10 @@ class ParallelDeployment(Deployment):
                     os.environ.pop("VLLM_PP_LAYER_PARTITION", None)
                 else:
                     os.environ["VLLM_PP_LAYER_PARTITION"] = old
-        self.mgr = self.scheduler.manager
-        self.replicated = bool(self.spec.replicated_layout)
+        self._attach(self.scheduler.manager)
         assert not self.replicated, "vLLM never uses the single-slot row with PP or DCP"
         self.copies = self.world
         assert self.spec.cpu_page_size_per_worker == self.slot_bytes
-        self.row_bytes = self.spec.kv_bytes_per_chunk
-        self.num_chunks = self.spec.num_chunks
-        self.view = self.mgr.primary_tier.get_kv_memoryview()
-        self._rows = np.asarray(self.view).view(np.uint8)
-        self._req = 0
-        self._closed = False
         self.logical_tokens = block_size * dcp
         # One "GPU" per distinct (stage) KV-cache config: TP ranks of a stage share the geometry.
         self.gpus = [capture_regions(vc, kcs[s * tp], "per_worker") for s in range(pp)]
