@@ -14,12 +14,10 @@ from .errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedEr
 
 def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
     """A flat unsigned-byte memoryview over bytes, bytearray, memoryview, mmap, numpy array or CPU tensor."""
-    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor, imported lazily
-        import torch
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch.Tensor: torch only when given one
+        from .torch import tensor_bytes
 
-        if obj.device.type != "cpu" or not obj.is_contiguous():
-            raise ValueError("expected a contiguous CPU tensor")
-        obj = obj.reshape(-1).view(torch.uint8).numpy()
+        obj = tensor_bytes(obj)
     mv = memoryview(obj)
     if writable and mv.readonly:
         raise ValueError("the destination buffer is read-only")

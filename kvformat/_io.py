@@ -14,7 +14,7 @@ from ._format import decode, encode_block
 from ._read import FileSource, read_header_from, read_payload_from
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
 from ._write import write_atomic as write_atomic  # also legacy's
-from .errors import KVFormatError, LayoutMismatchError
+from .errors import KVFormatError
 
 # Homes elsewhere; named here for modules that import them from this one (the tier's row engine, legacy).
 from ._files import UnsafeFileError as UnsafeFileError, is_regular_file as is_regular_file  # noqa: F401
@@ -23,30 +23,10 @@ from ._fused import read_into_fused as read_into_fused, write_block_fused as wri
 
 
 def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
-    if isinstance(payload, Mapping):  # {layer name: tensor}, assembled in layout order
-        import torch
+    if isinstance(payload, Mapping):  # {layer name: tensor}: kvformat.torch checks and assembles it
+        from .torch import payload_from_tensors
 
-        # Each layer is checked on its own: a matching total can hide fp16 data under a bf16 layout,
-        # or one layer two pages long next to an empty one.
-        names = [l.name for l in layout.layers]
-        extra = sorted(set(payload) - set(names), key=str)
-        if extra:
-            raise LayoutMismatchError("layers", names, [*names, *extra])
-        parts = []
-        for l in layout.layers:
-            if l.name not in payload:
-                raise LayoutMismatchError(f"layer {l.name}", "a tensor", "missing")
-            t = payload[l.name]
-            want = getattr(torch, _TORCH_DTYPES[l.dtype])
-            if not isinstance(t, torch.Tensor):
-                raise LayoutMismatchError(f"layer {l.name}", "a tensor", type(t).__name__)
-            if t.dtype != want:
-                raise LayoutMismatchError(f"layer {l.name} dtype", str(want), str(t.dtype))
-            shape = [layout.blocks_per_chunk, *l.shape]
-            if list(t.shape) != shape:
-                raise LayoutMismatchError(f"layer {l.name} shape", shape, list(t.shape))
-            parts.append(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8))
-        return torch.cat(parts)
+        return payload_from_tensors(payload, layout)
     return payload
 
 
@@ -124,36 +104,12 @@ def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = 
 
     Packed dtypes come back as uint8 (the header's ``kv_dtype`` says what they hold).
     """
-    import torch
+    from .torch import empty_payload, tensors_from_payload
 
     hdr = read_header(path, verify=False)
-    buf = torch.empty(hdr.raw_bytes, dtype=torch.uint8)
+    buf = empty_payload(hdr.raw_bytes)
     hdr = read_into(path, buf, expect=expect, key=key, verify=verify)
     return tensors_from_payload(buf, hdr.layout)
-
-
-_TORCH_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
-                 "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
-                 "U64": "uint64", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-
-
-def tensors_from_payload(buf: Any, layout: CanonicalLayout) -> dict[str, Any]:
-    """One tensor per layer: a view of ``buf`` where the layer's offset suits its dtype, else a copy.
-
-    Layers of mixed dtypes can start at offsets that are not a multiple of a later layer's element
-    size (a U8 layer of odd length before an F32 one); torch cannot view such bytes, so they are copied.
-    """
-    import torch
-
-    flat = buf if isinstance(buf, torch.Tensor) else torch.frombuffer(buf, dtype=torch.uint8)
-    out = {}
-    for l, off, n in zip(layout.layers, layout.layer_offsets, layout.chunk_bytes_per_layer):
-        dt = getattr(torch, _TORCH_DTYPES[l.dtype])
-        raw = flat[off:off + n]
-        if raw.storage_offset() % dt.itemsize:  # the condition torch.Tensor.view(dtype) imposes
-            raw = raw.clone()  # a fresh allocation is aligned for every dtype
-        out[l.name] = raw.view(dt).reshape(layout.blocks_per_chunk, *l.shape)
-    return out
 
 
 class BlockFile:
