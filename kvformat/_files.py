@@ -10,6 +10,7 @@ from typing import Iterator
 
 from ._paths import FILE_SUFFIX
 from ._write import TMP_PREFIX
+from .errors import UnsafeFileError
 
 
 def read_exact(fd: int, buf: memoryview, offset: int) -> int:
@@ -33,10 +34,6 @@ def read_row(path: str, buf: memoryview) -> int:
 
 
 SMALL_FILE_LIMIT = 1 << 20
-
-
-class UnsafeFileError(OSError):
-    """A small metadata file that is not read: a symlink, not a regular file, or too large."""
 
 
 def read_small_file(path: str, *, limit: int = SMALL_FILE_LIMIT) -> bytes:

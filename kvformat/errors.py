@@ -24,6 +24,10 @@ __all__ = [
     "ReplicaMismatchError",
     "LegacyLayoutError",
     "UsageError",
+    "StagingError",
+    "StagingTimeoutError",
+    "StagingConflictError",
+    "UnsafeFileError",
 ]
 
 
@@ -143,4 +147,36 @@ class UsageError(KVFormatError, ValueError):
     """A bad value given by the user: a command-line argument or a configuration parameter.
 
     The CLI exits with code 2 on it. Also a ``ValueError``, as a bad argument value is in Python.
+    """
+
+
+class StagingError(KVFormatError, ValueError):
+    """A staging call cannot complete: bad arguments, or the writer of a chunk reported a failure."""
+
+
+class StagingTimeoutError(StagingError, TimeoutError):
+    """Waiting on another rank passed its deadline. ``chunk``/``writer`` say what was waited for.
+
+    Also a ``TimeoutError`` (an ``OSError`` without errno): generic timeout handlers catch it.
+    """
+
+    def __init__(self, message: str, *, chunk: int | None = None, writer: int | None = None,
+                 epoch: int | None = None, state: str | None = None, waited_s: float = 0.0) -> None:
+        self.chunk = chunk
+        self.writer = writer
+        self.epoch = epoch
+        self.state = state
+        self.waited_s = waited_s
+        super().__init__(message)
+
+
+class StagingConflictError(StagingError):
+    """A slot was republished while a rank was still reading it (the caller reused the chunk too early)."""
+
+
+class UnsafeFileError(OSError):
+    """A small metadata file that is not read: a symlink, not a regular file, or too large.
+
+    An ``OSError`` only (not a :class:`KVFormatError`): the file's contents were never looked at, so callers
+    treat it as the unreadable file it is.
     """

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +27,7 @@ from kvformat.staging import (
     DONE, FAILED, SharedRow, Stager, StagingConflictError, StagingError, StagingTimeoutError, row_path,
 )
 from kvformat.storage import open_store
+from kvformat.testing.ranks import rank_context, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 N_LAYERS, TPB, WIDTH, BPC = 4, 8, 32, 4  # page = 8 * 32 * 2 = 512 bytes per layer per block
@@ -65,46 +64,16 @@ def _bytes_of(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-# -- process harness --------------------------------------------------------------------------------
+# -- process harness: kvformat.testing.ranks (the one shared by tests, benches and the GPU check) -----
 def _ctx() -> Any:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "numpy", "kvformat.staging"])
-    return ctx
-
-
-def _entry(fn: Callable[..., Any], rank: int, q: Any, args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(1)
-    try:
-        q.put((rank, "ok", fn(rank, *args)))
-    except BaseException:
-        q.put((rank, "error", traceback.format_exc()))
+    return rank_context()
 
 
 def _run_group(fn: Callable[..., Any], tp: int, *args: Any,
                on_start: Callable[[list[Any]], None] | None = None) -> dict[int, Any]:
-    ctx = _ctx()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(fn, r, q, args), daemon=True) for r in range(tp)]
-    for p in procs:
-        p.start()
-    try:
-        if on_start is not None:
-            on_start(procs)
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + GROUP_TIMEOUT_S
-        expected = tp if on_start is None else tp - 1  # a killed rank reports nothing
-        while len(results) < expected:
-            rank, status, value = q.get(timeout=max(1.0, deadline - time.monotonic()))
-            if status != "ok":
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
-        return results
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    # A killed rank (on_start) reports nothing.
+    return run_ranks(fn, tp, *args, on_start=on_start, expected=tp if on_start is None else tp - 1,
+                     timeout_s=GROUP_TIMEOUT_S)
 
 
 def _out_worker(rank: int, tp: int, name: str, root: str, rotate: bool, int8_views: bool) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -41,65 +40,47 @@ def _layout(layers: int, tokens: int, latent: int, blocks_per_chunk: int) -> Any
                                      blocks_per_chunk=blocks_per_chunk)
 
 
-def _rank(rank: int, tp: int, mode: str, name: str, cfg: dict[str, int], barrier: Any, q: Any) -> None:
+def _rank(rank: int, tp: int, mode: str, name: str, cfg: dict[str, int], *, barrier: Any) -> dict[str, Any]:
     import torch
 
     from kvformat.staging import SharedRow, Stager
 
-    torch.set_num_threads(1)  # one core per rank, as one process per GPU would have
-    try:
-        layout = _layout(cfg["layers"], cfg["tokens"], cfg["latent"], cfg["blocks_per_chunk"])
-        bpc, chunks = cfg["blocks_per_chunk"], cfg["chunks"]
-        g = torch.Generator().manual_seed(0)  # identical KV on every rank (the replicated MLA latent)
-        kv = [torch.randint(-128, 128, (bpc * chunks, l.page_bytes), dtype=torch.int8, generator=g)
-              for l in layout.layers]
-        if mode != "per_rank":
-            row = SharedRow.open(name, rank=rank, world_size=tp, num_chunks=chunks, slot_bytes=layout.payload_bytes)
-        else:
-            row = SharedRow.open(f"{name}-r{rank}", rank=0, world_size=1, num_chunks=chunks,
-                                 slot_bytes=layout.payload_bytes)
-        st = Stager(row, kv, layout, rotate=mode == "rotate")
-        ids = [list(range(c * bpc, (c + 1) * bpc)) for c in range(chunks)]
-        spans = []
-        for rep in range(cfg["repeat"] + 1):  # round 0 warms up (first touch of the row's pages)
-            if rep == 1:
-                before = st.stats.bytes_out
-            barrier.wait()
-            t0 = time.perf_counter()
-            for c in range(chunks):
-                st.stage_out(ids[c], c)
-            t1 = time.perf_counter()
-            barrier.wait()
-            if rep:
-                spans.append((t0, t1))
-        per_round = (st.stats.bytes_out - before) // cfg["repeat"]
-        del st
-        row.close()
-        q.put((rank, "ok", {"bytes": per_round, "spans": spans}))
-    except BaseException as e:  # report, so the parent never waits for a rank that died
-        q.put((rank, "error", repr(e)))
+    layout = _layout(cfg["layers"], cfg["tokens"], cfg["latent"], cfg["blocks_per_chunk"])
+    bpc, chunks = cfg["blocks_per_chunk"], cfg["chunks"]
+    g = torch.Generator().manual_seed(0)  # identical KV on every rank (the replicated MLA latent)
+    kv = [torch.randint(-128, 128, (bpc * chunks, l.page_bytes), dtype=torch.int8, generator=g)
+          for l in layout.layers]
+    if mode != "per_rank":
+        row = SharedRow.open(name, rank=rank, world_size=tp, num_chunks=chunks, slot_bytes=layout.payload_bytes)
+    else:
+        row = SharedRow.open(f"{name}-r{rank}", rank=0, world_size=1, num_chunks=chunks,
+                             slot_bytes=layout.payload_bytes)
+    st = Stager(row, kv, layout, rotate=mode == "rotate")
+    ids = [list(range(c * bpc, (c + 1) * bpc)) for c in range(chunks)]
+    spans = []
+    for rep in range(cfg["repeat"] + 1):  # round 0 warms up (first touch of the row's pages)
+        if rep == 1:
+            before = st.stats.bytes_out
+        barrier.wait()
+        t0 = time.perf_counter()
+        for c in range(chunks):
+            st.stage_out(ids[c], c)
+        t1 = time.perf_counter()
+        barrier.wait()
+        if rep:
+            spans.append((t0, t1))
+    per_round = (st.stats.bytes_out - before) // cfg["repeat"]
+    del st
+    row.close()
+    return {"bytes": per_round, "spans": spans}
 
 
 def _group(tp: int, mode: str, cfg: dict[str, int]) -> dict[str, Any]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "kvformat.staging"])
-    q, barrier = ctx.Queue(), ctx.Barrier(tp)
+    from kvformat.testing.ranks import run_ranks
+
     name = f"bench-{uuid.uuid4().hex[:12]}"
-    procs = [ctx.Process(target=_rank, args=(r, tp, mode, name, cfg, barrier, q), daemon=True) for r in range(tp)]
-    for p in procs:
-        p.start()
-    res: dict[int, Any] = {}
-    try:
-        while len(res) < tp:
-            r, status, v = q.get(timeout=600)
-            if status != "ok":
-                raise RuntimeError(f"{mode} TP={tp} rank {r}: {v}")
-            res[r] = v
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    # one core per rank, as one process per GPU would have
+    res = run_ranks(_rank, tp, tp, mode, name, cfg, barrier=True, timeout_s=600, threads=1)
     walls = [max(res[r]["spans"][i][1] for r in res) - min(res[r]["spans"][i][0] for r in res)
              for i in range(cfg["repeat"])]
     per_rank = [res[r]["bytes"] for r in range(tp)]

@@ -51,7 +51,7 @@ def _timed(fn: Callable[[], Any], device: Any, repeat: int) -> float:
     return best
 
 
-def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], root: str,
+def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], root: str, *,
                barrier: Any) -> dict[str, Any]:
     """One TP rank: stage out through the shared row, save, load into a fresh row, stage in, check.
 
@@ -141,16 +141,6 @@ class _NoBarrier:
         return None
 
 
-def _spawned(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], root: str, barrier: Any,
-             q: Any) -> None:
-    try:
-        q.put((rank, "ok", rank_check(rank, tp, cfg, names, root, barrier)))
-    except BaseException:
-        import traceback
-
-        q.put((rank, "error", traceback.format_exc()))
-
-
 def run_check(device_name: str, *, tp: int, layers: int, tokens: int, latent: int, blocks_per_chunk: int,
               chunks: int, num_blocks: int, root: str | None, repeat: int) -> int:
     """Run every rank (in this process for TP=1, else spawned), print the table; returns the exit status."""
@@ -162,32 +152,15 @@ def run_check(device_name: str, *, tp: int, layers: int, tokens: int, latent: in
     tmp = root or tempfile.mkdtemp(prefix="kvformat-gpu-check-")
     try:
         if tp == 1:
-            res = {0: rank_check(0, 1, cfg, names, tmp, _NoBarrier())}
+            res = {0: rank_check(0, 1, cfg, names, tmp, barrier=_NoBarrier())}
         else:
-            import multiprocessing as mp
+            from kvformat.testing.ranks import RankError, run_ranks
 
-            # Ranks are forked from a server that imported torch but never touched CUDA: CUDA-safe
-            # like spawn, without importing torch once per rank.
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["torch", "kvformat.staging"])
-            q, barrier = ctx.Queue(), ctx.Barrier(tp)
-            procs = [ctx.Process(target=_spawned, args=(r, tp, cfg, names, tmp, barrier, q), daemon=True)
-                     for r in range(tp)]
-            for p in procs:
-                p.start()
-            res = {}
             try:
-                while len(res) < tp:
-                    r, status, v = q.get(timeout=540)
-                    if status != "ok":
-                        print(f"rank {r} failed:\n{v}")
-                        return 1
-                    res[r] = v
-            finally:
-                for p in procs:
-                    p.join(timeout=30)
-                    if p.is_alive():
-                        p.kill()
+                res = run_ranks(rank_check, tp, tp, cfg, names, tmp, barrier=True, timeout_s=540, threads=None)
+            except RankError as e:
+                print(e)
+                return 1
     finally:
         if root is None:
             shutil.rmtree(tmp, ignore_errors=True)
