@@ -17,7 +17,8 @@ from ._write import write_atomic as write_atomic  # also legacy's
 from .errors import KVFormatError
 
 # Homes elsewhere; named here for modules that import them from this one (the tier's row engine, legacy).
-from ._files import UnsafeFileError as UnsafeFileError, is_regular_file as is_regular_file  # noqa: F401
+from ._files import is_regular_file as is_regular_file  # noqa: F401
+from .errors import UnsafeFileError as UnsafeFileError  # noqa: F401
 from ._files import read_small_file as read_small_file  # noqa: F401
 from ._fused import read_into_fused as read_into_fused, write_block_fused as write_block_fused  # noqa: F401
 

@@ -20,8 +20,9 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from ._io import UnsafeFileError, is_regular_file, read_small_file, write_atomic
-from .errors import LegacyLayoutError
+from ._files import is_regular_file, read_small_file
+from ._write import write_atomic
+from .errors import LegacyLayoutError, UnsafeFileError
 
 __all__ = [
     "CONFIG_FILE", "LegacyNamespace", "LegacyFile", "Ignored", "find_namespaces", "is_legacy_root", "iter_legacy_files",

@@ -14,14 +14,14 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._files import UnsafeFileError, is_regular_file, iter_files, read_small_file
+from ._files import is_regular_file, iter_files, read_small_file
 from ._io import read_header, read_into
 from ._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ._placement import placement_error
 from ._scan_stats import NamespaceStats, ProgressSink, ScanResult, os_error_text, totals
 from ._scan_store import scan_store
 from ._spec import BlockHeader, CanonicalLayout, layout_from_namespace_doc
-from .errors import KVFormatError
+from .errors import KVFormatError, UnsafeFileError
 from .legacy import Ignored
 from .storage import StoreEntry
 from .storage._local import scan_entries
