@@ -1,0 +1,29 @@
+"""Paged MLA KV (GPU or CPU) ⇄ one shared host row in /dev/shm ⇄ kvformat files.
+
+The MLA latent is identical on every TP rank, so one copy per block is enough for the whole TP
+group. :class:`SharedRow` (``_row``) is a page-aligned ``/dev/shm`` mapping shared by the ranks of one
+node: one canonical slot per chunk (the kvformat payload, byte for byte) and a control area holding a
+per-chunk sequence word. :class:`Stager` (``_stager``) moves blocks between one rank's paged KV cache and
+that row: on the way out only the elected writer copies (device-to-host) and the other ranks wait for
+it to publish; on the way in every rank copies the slot into its own KV.
+
+Pipeline- and decode-context-parallel groups compose (:class:`RankPlacement`, ``_placement``): each
+(stage, DCP rank) is one *part* of a chunk, written by one of its TP replicas into its place in the
+canonical slot (its stage's layers, its DCP rank's tokens), so the row and the file are the same as a
+TP-only group's. Modules: ``_shm`` (the /dev/shm file, stale rows, fences), ``_row`` (the row and its
+protocol), ``_cuda`` (pinning, stream glue), ``_placement``, ``_stager``. Errors are in
+:mod:`kvformat.errors`.
+"""
+
+from ..errors import StagingConflictError, StagingError, StagingTimeoutError
+from ._placement import RankPlacement
+from ._row import SharedRow
+from ._shm import _CHUNK_BASE, BUSY, DONE, EMPTY, FAILED, row_path
+from ._stager import Stager, StagingStats
+
+__all__ = [
+    "SharedRow", "Stager", "StagingStats", "RankPlacement", "StagingError", "StagingTimeoutError",
+    "StagingConflictError", "row_path", "EMPTY", "BUSY", "DONE", "FAILED",
+]
+
+_ = _CHUNK_BASE  # the control area's first chunk record (tests forge stale rows with it)
