@@ -28,6 +28,7 @@ __all__ = [
     "StagingTimeoutError",
     "StagingConflictError",
     "UnsafeFileError",
+    "RankError",
 ]
 
 
@@ -180,3 +181,12 @@ class UnsafeFileError(OSError):
     An ``OSError`` only (not a :class:`KVFormatError`): the file's contents were never looked at, so callers
     treat it as the unreadable file it is.
     """
+
+
+class RankError(KVFormatError, RuntimeError):
+    """A rank process of :func:`kvformat.testing.ranks.run_ranks` raised: ``rank`` and its ``traceback`` (text)."""
+
+    def __init__(self, rank: int, tb: str) -> None:
+        self.rank = rank
+        self.traceback = tb
+        super().__init__(f"rank {rank} failed:\n{tb}")

@@ -14,18 +14,11 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+from ..errors import RankError
+
 __all__ = ["RankError", "rank_context", "run_ranks"]
 
 PRELOAD = ("torch", "numpy", "kvformat.staging")
-
-
-class RankError(RuntimeError):
-    """A rank raised: ``rank`` and the rank's ``traceback`` (text)."""
-
-    def __init__(self, rank: int, tb: str) -> None:
-        self.rank = rank
-        self.traceback = tb
-        super().__init__(f"rank {rank} failed:\n{tb}")
 
 
 def _entry(fn: Callable[..., Any], rank: int, q: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
