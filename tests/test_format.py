@@ -178,14 +178,6 @@ def test_o_direct_read_matches(tmp_path):
 
 # ------------------------------------------------------------------ errors and their structured fields
 
-def test_every_error_is_a_kvformat_error_and_a_value_error():
-    for name in errors.__all__:
-        cls = getattr(errors, name)
-        if cls is errors.KVFormatError:  # the base is not itself a ValueError
-            continue
-        assert issubclass(cls, errors.KVFormatError) and issubclass(cls, ValueError)
-
-
 def test_checksum_error_fields_and_invalidation(tmp_path):
     L = _ds(n=2, tpb=4)
     pay = _pay(L)
