@@ -199,7 +199,50 @@ static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
     return Py_BuildValue("KK", (unsigned long long)dh, (unsigned long long)hh);
 }
 
+/* copy_runs(dst, src, runs): runs is int64 sextuples (src offset, dst offset, bytes, count, src stride, dst
+ * stride): count pieces of bytes each, the i-th from src + src offset + i * src stride. Every piece is checked
+ * against both buffers first, then all are copied with the GIL released (a DCP row's token runs are thousands
+ * of small pieces: a Python loop, or numpy holding the GIL, would serialize the tier's I/O threads). */
+static PyObject *py_copy_runs(PyObject *self, PyObject *args) {
+    Py_buffer dst, src, runs;
+    if (!PyArg_ParseTuple(args, "w*y*y*", &dst, &src, &runs)) return NULL;
+    PyObject *ret = NULL;
+    if (runs.len % (6 * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "runs: expected int64 sextuples");
+        goto done;
+    }
+    const int64_t *r = (const int64_t *)runs.buf;
+    Py_ssize_t n = runs.len / (6 * (Py_ssize_t)sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *x = r + 6 * i;
+        int64_t so = x[0], po = x[1], nb = x[2], cnt = x[3], ss = x[4], ps = x[5];
+        if (so < 0 || po < 0 || nb < 0 || cnt < 0 || ss < 0 || ps < 0 ||
+            (cnt > 0 && (so + (cnt - 1) * ss + nb > src.len || po + (cnt - 1) * ps + nb > dst.len))) {
+            PyErr_SetString(PyExc_ValueError, "a copy run lies outside its buffer");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *x = r + 6 * i;
+        const char *s = (const char *)src.buf + x[0];
+        char *d = (char *)dst.buf + x[1];
+        for (int64_t k = 0; k < x[3]; k++) memmove(d + k * x[5], s + k * x[4], (size_t)x[2]);
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&runs);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"copy_runs", py_copy_runs, METH_VARARGS,
+     "copy_runs(dst, src, runs): copy int64 (src off, dst off, bytes, count, src stride, dst stride) runs, GIL "
+     "released; ValueError if a piece lies outside a buffer."},
     {"xxh3_64", py_xxh3_64, METH_O, "xxh3_64(buffer) -> int: XXH3-64, seed 0, default secret."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' or 'scalar': the accumulate kernel in use."},
     {"set_simd", py_set_simd, METH_O, "set_simd('auto'|'scalar'|'avx2') -> the previous kernel's name."},

@@ -6,11 +6,11 @@ these names.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from ._native import copy_runs
 from ._spec import CanonicalLayout, LayerSpec
 
 ROLE_MLA = "mla"
@@ -202,34 +202,20 @@ def _covers(runs: Sequence[tuple[int, int, int, int, int, int]], n: int) -> bool
     return pos == n
 
 
-def _addr(mv: memoryview) -> int:
+@functools.lru_cache(maxsize=256)
+def _runs_array(runs: tuple[tuple[int, int, int, int, int, int], ...], to_payload: bool) -> bytes:
+    """A plan's runs as the int64 sextuples copy_runs takes, source first (built once per plan and direction)."""
     import numpy as np
 
-    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
+    rows = [(so, po, nb, cnt, ss, ps) if to_payload else (po, so, nb, cnt, ps, ss) for so, po, nb, cnt, ss, ps in runs]
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 6).tobytes()
 
 
 def _copy_runs(src: memoryview, dst: memoryview, runs: Sequence[tuple[int, int, int, int, int, int]],
                *, to_payload: bool) -> None:
-    # ctypes.memmove releases the GIL: reorders of several chunks run on several cores.
-    s, d = _addr(src), _addr(dst)
-    src_arr = dst_arr = None
-    for so, po, nb, cnt, ss, ps in runs:
-        a, b, sa, sb = (so, po, ss, ps) if to_payload else (po, so, ps, ss)
-        if cnt > 4:
-            # Many small pieces (DCP token rows): one strided numpy copy instead of a memmove per piece.
-            import numpy as np
-            from numpy.lib.stride_tricks import as_strided
-
-            if src_arr is None:
-                src_arr = np.frombuffer(src, dtype=np.uint8)
-                dst_arr = np.frombuffer(dst, dtype=np.uint8)
-            assert dst_arr is not None
-            if a + (cnt - 1) * sa + nb > len(src_arr) or b + (cnt - 1) * sb + nb > len(dst_arr):
-                raise ValueError("a copy run lies outside its buffer")
-            np.copyto(as_strided(dst_arr[b:], (cnt, nb), (sb, 1)), as_strided(src_arr[a:], (cnt, nb), (sa, 1)))
-            continue
-        for i in range(cnt):
-            ctypes.memmove(d + b + i * sb, s + a + i * sa, nb)
+    # One native call with the GIL released (every piece bounds-checked first): reorders of several chunks,
+    # thousands of token runs each for a DCP row, run on several cores.
+    copy_runs(dst, src, _runs_array(tuple(runs), to_payload))
 
 
 def _layout(facts: DeploymentFacts, g: GroupFacts, specs: tuple[LayerSpec, ...], family: str,

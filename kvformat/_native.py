@@ -73,18 +73,36 @@ def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_po
     return dh, hh
 
 
+def _py_copy_runs(dst: Any, src: Any, runs: Any) -> None:
+    import numpy as np
+
+    d, s = memoryview(dst).cast("B"), memoryview(src).cast("B")
+    r = np.frombuffer(runs, dtype=np.int64).reshape(-1, 6)
+    for so, po, nb, cnt, ss, ps in r.tolist():
+        if min(so, po, nb, cnt, ss, ps) < 0 or (cnt and (so + (cnt - 1) * ss + nb > len(s)
+                                                          or po + (cnt - 1) * ps + nb > len(d))):
+            raise ValueError("a copy run lies outside its buffer")
+    for so, po, nb, cnt, ss, ps in r.tolist():
+        for k in range(cnt):
+            d[po + k * ps:po + k * ps + nb] = s[so + k * ss:so + k * ss + nb]
+
+
 if _native is not None:
     xxh3_64 = _native.xxh3_64
     pread_hash = _native.pread_hash
     pwrite_hash = _native.pwrite_hash
+    copy_runs = _native.copy_runs
 else:
     xxh3_64 = _py_xxh3_64
     pread_hash = _py_pread_hash
     pwrite_hash = _py_pwrite_hash
+    copy_runs = _py_copy_runs
 
 _py_pread_hash.__doc__ = ("Fallback of the native pread_hash: one preadv into head and dst, then xxh3 of dst. "
                           "Returns (head bytes read, dst bytes read, xxh3 of dst or None).")
 _py_pwrite_hash.__doc__ = ("Fallback of the native pwrite_hash: hash the payload, patch both checksums into a copy "
                            "of the header, one pwritev of header+payload. Returns (dxxh3, hxxh3).")
 
-__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash"]
+_py_copy_runs.__doc__ = "Fallback of the native copy_runs: the same checks, then one slice copy per piece."
+
+__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash", "copy_runs"]

@@ -168,3 +168,28 @@ def test_fused_io_suite_on_the_fallback() -> None:
                         os.path.join(here, "test_native_io.py"), os.path.join(here, "test_native.py") + "::test_native_is_built"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("impl", ["native", "fallback"])
+def test_copy_runs_moves_strided_pieces_and_refuses_runs_outside_the_buffers(impl: str) -> None:
+    import numpy as np
+
+    copy = _native.copy_runs if impl == "native" else _native._py_copy_runs
+    rng = random.Random(5)
+    src = bytes(rng.randrange(256) for _ in range(4096))
+    # A DCP-style de-interleave: 16 pieces of 24 bytes, every other slot of 48 in the destination.
+    runs = np.array([(0, 24, 24, 16, 24, 48), (384, 1000, 7, 1, 7, 7), (500, 2000, 0, 3, 1, 1)], dtype=np.int64)
+    dst = bytearray(4096)
+    copy(dst, src, runs.tobytes())
+    want = bytearray(4096)
+    for k in range(16):
+        want[24 + 48 * k:48 + 48 * k] = src[24 * k:24 * (k + 1)]
+    want[1000:1007] = src[384:391]
+    assert dst == want
+    for bad in ((0, 4090, 8, 1, 8, 8), (4000, 0, 8, 13, 8, 8), (-1, 0, 1, 1, 1, 1)):
+        before = bytes(dst)
+        with pytest.raises(ValueError, match="outside its buffer"):
+            copy(dst, src, np.array([(0, 0, 1, 1, 1, 1), bad], dtype=np.int64).tobytes())
+        assert bytes(dst) == before  # checked before anything is copied
+    with pytest.raises((TypeError, BufferError)):
+        copy(bytes(16), src, np.array([(0, 0, 8, 1, 8, 8)], dtype=np.int64).tobytes())  # a writable destination
