@@ -16,7 +16,7 @@ import pytest
 
 import kvformat as K
 from kvformat._format import encode_block
-from kvformat._tier import _rows
+from kvformat._tier import _scan
 from kvformat._tier._config import TierConfig
 from kvformat._tier._lru import LRUIndex
 from kvformat._tier._rows import EXISTS, FAILED, WRITTEN, RowEngine
@@ -357,7 +357,7 @@ def test_race_eviction_during_scan_is_not_resurrected(tmp_path):
 
 def test_race_bound_holds_while_the_scan_runs(tmp_path, monkeypatch):
     # six old files, max_bytes = three: stores during the scan must evict what the scan has indexed
-    monkeypatch.setattr(_rows, "SCAN_BATCH", 2)
+    monkeypatch.setattr(_scan, "SCAN_BATCH", 2)
     seed = engine(tmp_path, None)
     for i in range(6):
         fill(seed, 0, 100 + i)

@@ -13,7 +13,8 @@ from typing import Any
 
 from ._lru import LRUIndex
 from ._pool import DualPool, TaskPair
-from ._rows import CANCELLED, COUNTERS, EXISTS, WRITTEN, Counters, RowEngine
+from ._counters import COUNTERS, Counters
+from ._rows import CANCELLED, EXISTS, WRITTEN, RowEngine
 
 Target = Callable[[Any], "tuple[RowEngine | None, str | None]"]
 

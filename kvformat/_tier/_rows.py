@@ -29,47 +29,20 @@ from ..storage import Store
 from ..storage._local import LocalStore
 from ._config import TierConfig
 from ._lru import LRUIndex
+from ._counters import COUNTERS as COUNTERS, Counters
 from ._pool import BatchWorker
+from ._scan import scan_root
 
 logger = logging.getLogger("kvformat.vllm")
 
 WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
 CANCELLED = "cancelled"  # a store that never ran: the tier shut down first
-TEMP_MAX_AGE_S = 3600.0  # a temp file this old belongs to a crashed writer, not a slow live one
 # A load refreshes the file's mtime (the LRU order a restart rebuilds) at most this often: a utime per
 # load cost ~10% of a tmpfs load, and a restart's LRU order only needs to be right to within minutes.
 TOUCH_INTERVAL_S = 300.0
 # A store that finds its file being evicted (or replaced) by another thread retries; only a cache churning
 # the same file faster than this gives up (reported FAILED: nothing was stored).
 STORE_ATTEMPTS = 4
-SCAN_BATCH = 1024  # files indexed per batch by the start-up scan (evicting after each batch)
-
-COUNTERS = ("bytes_written", "files_written", "bytes_read", "files_read", "checksum_failures", "corrupt_files",
-            "layout_mismatches", "replica_mismatches", "evictions", "evicted_bytes", "dedup_saved_bytes",
-            "missing_files", "io_errors")
-
-
-class Counters:
-    """Cumulative counters (thread-safe), plus per-reason counts of quarantined files."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.values: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.quarantined: dict[str, int] = {}
-
-    def add(self, **kw: int) -> None:
-        with self._lock:
-            for k, v in kw.items():
-                self.values[k] += v
-
-    def add_quarantine(self, reason: str) -> None:
-        with self._lock:
-            self.quarantined[reason] = self.quarantined.get(reason, 0) + 1
-
-    def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
-        with self._lock:
-            return dict(self.values), dict(self.quarantined)
-
 
 class RowEngine:
     """Moves chunks between the primary rows and a Store, keeping the LRU index and counters."""
@@ -408,37 +381,7 @@ class RowEngine:
         return [r in self.index for r in rels]
 
     # -- start-up ----------------------------------------------------------------------------------
+
     def scan(self, stop: threading.Event) -> None:
-        """Rebuild usage and LRU order from the files under the root (runs in a background thread).
-
-        Files are indexed in batches of SCAN_BATCH and evicted after each batch, so ``max_bytes`` holds
-        over what is known while the scan runs (not only once it ends).
-        """
-        self.index.begin_scan()
-        added = 0
-        batch: list[tuple[str, int, float]] = []
-
-        def flush() -> int:
-            n = self.index.scan_add(batch)
-            batch.clear()
-            if not stop.is_set():  # after shutdown nothing is deleted any more
-                self.delete_victims(self.index.victims())
-            return n
-
-        try:
-            self.store.ensure_namespace(self.layout)
-            self.store.cleanup_temp(older_than_s=TEMP_MAX_AGE_S, dead_writers=True)
-            for e in self.store.list():
-                if stop.is_set():
-                    break
-                batch.append((e.relpath, e.size, e.mtime))
-                self._mtimes.setdefault(e.relpath, e.mtime)
-                if len(batch) >= SCAN_BATCH:
-                    added += flush()
-        except OSError as e:
-            logger.warning("kvformat tier: scanning %s failed: %s; capacity counts only what was found",
-                           self.store.root, e)
-        finally:
-            added += flush()
-            self.index.end_scan()
-        logger.info("kvformat tier: found %d files (%d bytes) under %s", added, self.index.used, self.store.root)
+        """Rebuild usage and LRU order from the files under the root (a background thread): see _tier._scan."""
+        scan_root(self, stop)

@@ -19,7 +19,8 @@ from ..errors import StagingConflictError, StagingError, StagingTimeoutError
 from ._placement import RankPlacement
 from ._row import SharedRow
 from ._shm import _CHUNK_BASE, BUSY, DONE, EMPTY, FAILED, row_path
-from ._stager import Stager, StagingStats
+from ._stager import Stager
+from ._stats import StagingStats
 
 __all__ = [
     "SharedRow", "Stager", "StagingStats", "RankPlacement", "StagingError", "StagingTimeoutError",
