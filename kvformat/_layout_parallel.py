@@ -118,8 +118,8 @@ def plan_parallel(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, La
     pay_off = dict(zip(g.layer_names, layout.layer_offsets))
     slot = facts.worker_bytes_per_block * bpc
     by_part: dict[tuple[int, int], list[int]] = {}
-    for w in range(par.pp * par.tp):
-        by_part.setdefault((w // par.tp, (w % par.tp) % cp), []).append(w)
+    for w in range(par.pp * par.pcp * par.tp):
+        by_part.setdefault((w // (par.pcp * par.tp), (w % par.tp) % cp), []).append(w)
     shards = []
     for (stage, cp_rank), slots in sorted(by_part.items()):
         runs: list[Run] = []

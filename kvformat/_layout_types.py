@@ -73,9 +73,11 @@ class ParallelFacts:
 
     ``stages`` lists, per pipeline stage, the group's layer names that stage's workers hold, in the
     order their slots hold them (vLLM's per-stage group order). Worker ``w`` of a row is pipeline stage
-    ``w // tp`` and TP rank ``w % tp``; its decode-context (DCP) rank is ``tp rank % dcp`` (vLLM's DCP
-    groups are consecutive TP ranks). A DCP rank holds the block's tokens ``t`` with
-    ``(t // interleave) % dcp == its rank`` (:func:`cp_canonical_token`).
+    ``w // (pcp * tp)``, prefill-context (PCP) rank ``(w // tp) % pcp`` and TP rank ``w % tp`` (vLLM's rank
+    order: dp, pp, pcp, tp); its decode-context (DCP) rank is ``tp rank % dcp`` (vLLM's DCP groups are
+    consecutive TP ranks). A DCP rank holds the block's tokens ``t`` with ``(t // interleave) % dcp == its
+    rank`` (:func:`cp_canonical_token`). PCP ranks (without DCP) hold the whole KV: vLLM gathers it back to
+    every PCP rank, so they are replicas like TP ranks (checked byte for byte on every store).
     """
 
     tp: int
@@ -84,10 +86,11 @@ class ParallelFacts:
     interleave: int = 1
     stages: tuple[tuple[str, ...], ...] = ()
     stage_layers: tuple[int, ...] = ()  # decoder layers per stage (vLLM's partition; provenance)
+    pcp: int = 1
 
     @property
     def trivial(self) -> bool:
-        return self.pp == 1 and self.dcp == 1
+        return self.pp == 1 and self.dcp == 1 and self.pcp == 1
 
 
 def cp_canonical_token(local: int, cp_rank: int, cp_size: int, interleave: int) -> int:

@@ -196,16 +196,19 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
     """
     cfg = spec.config
     par = cfg.parallel
-    if par.pcp_size != 1:
-        raise SchemaError("parallel", f"prefill context parallelism (pcp={par.pcp_size}) is not supported: vLLM 0.34 "
-                          "admits it with secondary tiers, but which tokens a PCP rank's block holds (the scheduler "
-                          "block is scaled by DCP only, the canonical mapping interleaves over DCP x PCP) could not "
-                          "be established from vLLM's sources; refused rather than guessed")
-    sharded = par.pp_size > 1 or par.dcp_size > 1
+    if par.pcp_size != 1 and par.dcp_size != 1:
+        raise SchemaError("parallel", f"prefill context parallelism with decode context parallelism (pcp="
+                          f"{par.pcp_size}, dcp={par.dcp_size}) is not supported: vLLM 0.34 then shards tokens over "
+                          "DCP x PCP ranks while the scheduler's block is scaled by DCP only; which tokens a rank's "
+                          "block holds could not be established from vLLM's sources, so it is refused, not guessed")
+    # PCP alone: vLLM gathers the KV back to every PCP rank (worker/gpu/pcp_manager.py), so PCP ranks are
+    # replicas like TP ranks; every store checks them byte for byte, so a wrong premise stores nothing.
+    sharded = par.pp_size > 1 or par.dcp_size > 1 or par.pcp_size > 1
     if kv_cache_config is None:
         vllm_config, kv_cache_config = _vllm_context(cfg)
     if sharded and (vllm_config is None or kv_cache_config is None):
-        raise SchemaError("parallel", f"pipeline/decode-context parallelism (pp={par.pp_size}, dcp={par.dcp_size}): "
+        raise SchemaError("parallel", f"pipeline/context parallelism (pp={par.pp_size}, dcp={par.dcp_size}, "
+                          f"pcp={par.pcp_size}): "
                           "the stage partition, the DCP interleave and each layer's page come from vLLM's config "
                           "and KV-cache config, which the tier did not find; not stored")
     layers = None
@@ -269,8 +272,9 @@ def _sharded_facts(cfg: Any, vc: Any, groups: tuple[GroupFacts, ...], layers: di
     if len(groups) != 1:
         raise SchemaError("parallel", f"pipeline/decode-context parallelism with {len(groups)} KV-cache groups is "
                           "not supported; not stored")
-    if par.world_size != par.tp_size * par.pp_size:
-        raise SchemaError("parallel", f"world_size {par.world_size} is not tp x pp = {par.tp_size * par.pp_size}")
+    want = par.tp_size * par.pp_size * par.pcp_size
+    if par.world_size != want:
+        raise SchemaError("parallel", f"world_size {par.world_size} is not tp x pp x pcp = {want}")
     if par.tp_size % par.dcp_size:
         raise SchemaError("parallel", f"dcp={par.dcp_size} does not divide tp={par.tp_size}")
     pc = getattr(vc, "parallel_config", None)
@@ -283,7 +287,7 @@ def _sharded_facts(cfg: Any, vc: Any, groups: tuple[GroupFacts, ...], layers: di
     else:
         stages, canonical, counts = (stage0,), stage0, ()
     facts = ParallelFacts(tp=par.tp_size, pp=par.pp_size, dcp=par.dcp_size, interleave=int(inter or 1), stages=stages,
-                          stage_layers=counts)
+                          stage_layers=counts, pcp=par.pcp_size)
     return facts, (GroupFacts(g.group, g.tokens_per_block, canonical, g.kind),), layers
 
 

@@ -110,9 +110,9 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if not names or tpb <= 0:
         raise LegacyLayoutError(f"group {group} has no layers or tokens_per_block", path=where)
     par = ns.parallel()
-    if par["pcp"] > 1:
-        raise LegacyLayoutError(
-            f"prefill-context-parallel rows (pcp_size={par['pcp']}) are not supported (as in the tier)", path=where)
+    if par["pcp"] > 1 and par["dcp"] > 1:
+        raise LegacyLayoutError(f"prefill- with decode-context-parallel rows (pcp_size={par['pcp']}, dcp_size="
+                                f"{par['dcp']}) are not supported (as in the tier)", path=where)
     if par["pp"] > 1 and pp_layers is None:
         raise LegacyLayoutError(
             f"pipeline-parallel rows (pp_size={par['pp']}): each stage's slot holds only its own layers and "
@@ -121,7 +121,7 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if pp_layers is not None and (par["pp"] == 1 or len(pp_layers) != par["pp"] or min(pp_layers) < 1):
         raise LegacyLayoutError(f"--pp-layers {','.join(map(str, pp_layers))} does not give {par['pp']} stage(s) "
                                 "of at least one layer (config.json's pp_size)", path=where)
-    sharded = par["pp"] > 1 or par["dcp"] > 1
+    sharded = par["pp"] > 1 or par["dcp"] > 1 or par["pcp"] > 1  # PCP ranks alone are replicas (see the tier)
     if sharded and (tpb % par["dcp"] or (tpb // par["dcp"]) % cp_interleave):
         raise LegacyLayoutError(f"tokens_per_block {tpb} does not split into {par['dcp']} DCP ranks of whole "
                                 f"interleave runs of {cp_interleave}", path=where)
@@ -136,7 +136,7 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
                                 "layers sit in the row, so no per-layer table can be proven", path=where)
     bpf = ns.blocks_per_file
     kind = "replicated" if ns.replicated else "per_worker"
-    copies = 1 if kind != "per_worker" else par["tp"] * par["pp"]
+    copies = 1 if kind != "per_worker" else par["tp"] * par["pp"] * par["pcp"]
     if sharded and kind != "per_worker":
         raise LegacyLayoutError("pipeline/decode-context parallel rows are per-worker rows in vLLM, but config.json "
                                 "says replicated_layout", path=where)
@@ -211,16 +211,16 @@ def _sharded_row(ns: LegacyNamespace, group: int, file_size: int, w: int, stage0
         else:
             stages, canonical, facts = (names,), names, facts0
         pf = ParallelFacts(tp=par["tp"], pp=par["pp"], dcp=par["dcp"], interleave=inter, stages=stages,
-                           stage_layers=pp_layers)
+                           stage_layers=pp_layers, pcp=par["pcp"])
         df = DeploymentFacts(model=ns.model, kv_dtype=ns.dtype, tokens_per_hash=ns.tokens_per_hash or full_tpb,
                              blocks_per_chunk=ns.blocks_per_file, worker_bytes_per_block=w,
                              groups=(GroupFacts(group, full_tpb, canonical),), row="per_worker",
-                             copies=par["tp"] * par["pp"], kv_cache_layout=kv_cache_layout, layers=facts,
+                             copies=par["tp"] * par["pp"] * par["pcp"], kv_cache_layout=kv_cache_layout, layers=facts,
                              source="legacy config.json + file size + partition", parallel=pf)
         plan = plan_groups(df)[group]
     except SchemaError as e:
         raise LegacyLayoutError(e.message, path=where) from None
-    return RowLayout(kind="per_worker", copies=par["tp"] * par["pp"], page_bytes=lay.layers[0].page_bytes,
+    return RowLayout(kind="per_worker", copies=par["tp"] * par["pp"] * par["pcp"], page_bytes=lay.layers[0].page_bytes,
                      slot_bytes=w * ns.blocks_per_file, row_bytes=file_size, layout=plan.layout,
                      provenance_tp=par["tp"], parallel=par, plan=plan, pp_layers=pp_layers, cp_interleave=inter)
 

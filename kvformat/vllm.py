@@ -183,7 +183,8 @@ class KVFormatTier(SecondaryTierManager):
         self._event_owner: dict[str, Any] = {"ownership": tier_type, "removal_expected": True}
         par = offloading_spec.config.parallel
         pf = self.facts.parallel
-        prov = Provenance(tp=max(1, par.tp_size), pp=max(1, par.pp_size), dcp=max(1, par.dcp_size), pcp=1,
+        prov = Provenance(tp=max(1, par.tp_size), pp=max(1, par.pp_size), dcp=max(1, par.dcp_size),
+                          pcp=max(1, par.pcp_size),
                           row=self.row_kind, writer=f"kvformat {__version__} (vllm tier)",
                           pp_layers=pf.stage_layers if pf is not None and pf.pp > 1 else (),
                           cp_interleave=pf.interleave if pf is not None and pf.dcp > 1 else 1)

@@ -118,19 +118,50 @@ def test_a_stage_missing_from_the_row_is_refused(tmp_path):
         cfg = d.cfg
         bad = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=2))
         spec = type("S", (), {"config": bad, "blocks_per_chunk": 2, "replicated_layout": False})()
-        with pytest.raises(SchemaError, match=r"world_size 2 is not tp x pp = 4"):
+        with pytest.raises(SchemaError, match=r"world_size 2 is not tp x pp x pcp = 4"):
             derive_plans(spec, vllm_config=d.vllm_config, kv_cache_config=d.scheduler_kv_cache_config)
 
 
-def test_prefill_context_parallelism_is_refused_by_name(tmp_path):
+def test_prefill_and_decode_context_parallelism_together_are_refused_by_name(tmp_path):
     from kvformat.vllm import derive_plans
 
-    with deploy(str(tmp_path), "deepseek-v3-bf16", 2) as d:
+    with deploy(str(tmp_path), "deepseek-v3-bf16", 2, dcp=2) as d:
         cfg = d.cfg
         bad = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pcp_size=2, world_size=4))
         spec = type("S", (), {"config": bad, "blocks_per_chunk": 2, "replicated_layout": False})()
-        with pytest.raises(SchemaError, match=r"prefill context parallelism \(pcp=2\) is not supported"):
+        with pytest.raises(SchemaError, match=r"prefill context parallelism with decode context parallelism "
+                                              r"\(pcp=2, dcp=2\) is not supported"):
             derive_plans(spec, vllm_config=d.vllm_config, kv_cache_config=d.scheduler_kv_cache_config)
+
+
+@pytest.mark.parametrize("writer,reader", [((2, 1, 1, 2), (4, 1, 1, 1)), ((4, 1, 1, 1), (2, 2, 1, 2))],
+                         ids=["PCP2xTP2-to-TP4", "TP4-to-PP2xPCP2xTP2"])
+def test_pcp_ranks_are_replicas_and_share_files(tmp_path, writer, reader):
+    """PCP without DCP: vLLM gathers the KV back to every PCP rank, so a PCP rank's slot is one more replica."""
+    root = str(tmp_path)
+    keys = make_keys(2, "pcp")
+    seeds = {k: i for i, k in enumerate(keys)}
+    tp, pp, dcp, pcp = writer
+    with deploy(root, "deepseek-v3-bf16", tp, pp=pp, dcp=dcp, pcp=pcp) as w:
+        w.store(seeds)
+        c = w.tier().counters()
+    assert c["files_written"] == len(keys) and c["replica_mismatches"] == 0
+    assert {K.read_header(f).provenance.pcp for f in files(root)} == {pcp}
+    tp, pp, dcp, pcp = reader
+    with deploy(root, "deepseek-v3-bf16", tp, pp=pp, dcp=dcp, pcp=pcp) as r:
+        assert r.load_checked(seeds) == dict.fromkeys(keys, True)
+
+
+def test_pcp_ranks_that_differ_are_not_stored(tmp_path):
+    key = make_keys(1, "pcp-differ")[0]
+    with deploy(str(tmp_path), "deepseek-v3-bf16", 2, pcp=2) as d:
+        def seed(w, name, block):  # worker 3 (PCP rank 1, TP rank 1) holds other bytes
+            base = d.local(7, name, block, w)
+            return bytes(b ^ 1 for b in base) if w == 3 else base
+
+        d.store({key: seed})
+        c = d.tier().counters()
+    assert c["replica_mismatches"] == 1 and c["files_written"] == 0 and files(str(tmp_path)) == []
 
 
 def test_pp_without_vllms_config_is_refused(tmp_path):
@@ -200,3 +231,15 @@ def test_legacy_dcp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
     capsys.readouterr()
     with deploy(str(dst2), "deepseek-v3-bf16", 8) as r:
         assert set(r.load_checked(seeds).values()) == {False}
+
+
+def test_legacy_pcp_tree_compacts_and_loads_at_tp4(tmp_path, capsys):
+    from kvformat._cli import main
+
+    src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
+    seeds = _legacy_tree(src, "deepseek-v3-bf16", 2, pcp=2)
+    assert main(["compact", str(src), str(dst)]) == 0
+    capsys.readouterr()
+    assert K.read_header(files(str(dst))[0]).provenance.pcp == 2
+    with deploy(str(dst), "deepseek-v3-bf16", 4) as r:
+        assert r.load_checked(seeds) == dict.fromkeys(seeds, True)

@@ -30,10 +30,10 @@ def _layout() -> K.CanonicalLayout:
                                      blocks_per_chunk=BPC)
 
 
-def _placement(tp: int, pp: int, dcp: int, interleave: int) -> RankPlacement:
+def _placement(tp: int, pp: int, dcp: int, interleave: int, pcp: int = 1) -> RankPlacement:
     per = N_LAYERS // pp
     stages = tuple(tuple(NAMES[s * per:(s + 1) * per]) for s in range(pp)) if pp > 1 else ()
-    return RankPlacement(tp=tp, pp=pp, dcp=dcp, interleave=interleave, stages=stages)
+    return RankPlacement(tp=tp, pp=pp, dcp=dcp, interleave=interleave, stages=stages, pcp=pcp)
 
 
 def _truth(layer: int, block: int) -> torch.Tensor:
@@ -69,7 +69,7 @@ def _key(c: int) -> K.BlockKey:
     return K.BlockKey(f"{c + 7:02x}" * 16)
 
 
-def _writer_group(rank: int, shape: tuple[int, int, int, int], name: str, root: str) -> dict[str, Any]:
+def _writer_group(rank: int, shape: tuple[int, ...], name: str, root: str) -> dict[str, Any]:
     pl = _placement(*shape)
     layout = _layout()
     _, kv = _local_kv(rank, pl)
@@ -86,7 +86,7 @@ def _writer_group(rank: int, shape: tuple[int, int, int, int], name: str, root: 
     return out
 
 
-def _reader_group(rank: int, shape: tuple[int, int, int, int], name: str, root: str) -> bool:
+def _reader_group(rank: int, shape: tuple[int, ...], name: str, root: str) -> bool:
     pl = _placement(*shape)
     layout = _layout()
     mine, kv = _local_kv(rank, pl, zero=True)
@@ -104,14 +104,15 @@ def _reader_group(rank: int, shape: tuple[int, int, int, int], name: str, root: 
     return ok
 
 
-SHAPES = {  # (tp, pp, dcp, interleave)
+SHAPES = {  # (tp, pp, dcp, interleave[, pcp])
     "PP2xTP2": (2, 2, 1, 1), "DCP2xTP2": (2, 1, 2, 2), "PP2xDCP2xTP2": (2, 2, 2, 1), "TP2": (2, 1, 1, 1),
-    "TP1": (1, 1, 1, 1),
+    "TP1": (1, 1, 1, 1), "PCP2xTP1": (1, 1, 1, 1, 2),
 }
 
 
 @pytest.mark.parametrize("writer,reader", [("PP2xTP2", "DCP2xTP2"), ("DCP2xTP2", "TP1"),
-                                           ("PP2xDCP2xTP2", "PP2xTP2"), ("TP2", "PP2xDCP2xTP2")])
+                                           ("PP2xDCP2xTP2", "PP2xTP2"), ("TP2", "PP2xDCP2xTP2"),
+                                           ("PCP2xTP1", "DCP2xTP2")])
 def test_parallel_groups_write_canonical_files_any_group_reads(tmp_path: Path, writer: str, reader: str) -> None:
     shape = SHAPES[writer]
     pl = _placement(*shape)
@@ -131,6 +132,7 @@ def test_parallel_groups_write_canonical_files_any_group_reads(tmp_path: Path, w
         hdr = K.read_into(path, buf, expect=layout, key=_key(c))
         assert bytes(buf) == _payload(_ids(c)) and os.path.getsize(path) == hdr.data_offset + layout.payload_bytes
         assert (hdr.provenance.tp, hdr.provenance.pp, hdr.provenance.dcp) == shape[:3]
+        assert hdr.provenance.pcp == pl.pcp
     rshape = SHAPES[reader]
     rpl = _placement(*rshape)
     got = run_ranks(_reader_group, rpl.world, rshape, f"t-{uuid.uuid4().hex[:10]}", str(tmp_path))
@@ -169,6 +171,7 @@ def test_a_chunk_missing_a_stage_is_never_saved(tmp_path: Path) -> None:
 
 
 def test_placement_follows_vllms_rank_order() -> None:
+    assert [RankPlacement(tp=2, pp=2, pcp=2, stages=(("a",), ("b",))).part_of(w) for w in range(8)] == [0] * 4 + [1] * 4
     pl = RankPlacement(tp=4, pp=2, dcp=2, interleave=1, stages=(("a",), ("b",)))
     # rank = stage * tp + tp rank; DCP rank = tp rank % dcp (consecutive TP ranks)
     assert [pl.part_of(w) for w in range(8)] == [0, 1, 0, 1, 2, 3, 2, 3]

@@ -7,7 +7,7 @@ layers of vLLM's own ``get_pp_indices`` partition, which honours ``VLLM_PP_LAYER
 ``generate_scheduler_kv_cache_config`` (stage 0's) -> ``build_offloading_config``; the scheduler side is
 vLLM's real ``OffloadingConnectorScheduler`` (it builds the ``TieringOffloadingManager`` and so the tiers).
 
-Workers cannot run without CUDA, so the harness plays them: worker ``w`` (stage ``w // tp``, TP rank
+Workers cannot run without CUDA, so the harness plays them: worker ``w`` (stage ``w // (pcp x tp)``, TP rank
 ``w % tp``, DCP rank ``tp rank % dcp``) has its own KV cache (CPU tensors through vLLM's
 ``create_kv_cache_views``) and the regions vLLM's real ``OffloadingConnectorWorker.register_kv_caches``
 derives from it; a store copies each worker's blocks into ITS slot of the row, a load copies each slot
@@ -53,7 +53,7 @@ class ParallelDeployment(Deployment):
 
     def __init__(self, family: str | Family, tiers: Sequence[Mapping[str, Any]], *, tp: int = 1, pp: int = 1,
                  dcp: int = 1, block_size: int = 64, bpc: int = 1, n_layers: int = 8, interleave: int = 1,
-                 num_chunks: int = 8, partition: str | None = None) -> None:
+                 num_chunks: int = 8, partition: str | None = None, pcp: int = 1) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
         from vllm.v1.core import kv_cache_planning as P
@@ -62,7 +62,8 @@ class ParallelDeployment(Deployment):
 
         fam = FAMILIES[family] if isinstance(family, str) else family
         self.family, self.tp, self.pp, self.dcp, self.interleave = fam, tp, pp, dcp, interleave
-        self.world = tp * pp
+        self.pcp = pcp
+        self.world = tp * pp * pcp  # vLLM's rank order: pp, pcp, tp
         old = os.environ.get("VLLM_PP_LAYER_PARTITION")
         if partition is not None:
             os.environ["VLLM_PP_LAYER_PARTITION"] = partition
@@ -71,7 +72,8 @@ class ParallelDeployment(Deployment):
             vc = vllm_config(fam, tp=tp, row="per_worker", kv_layout="LBNHC", bpc=bpc, tiers=tiers,
                              block_size=block_size, cpu_bytes=1 << 30)
             vc.parallel_config = NS(**{**vars(vc.parallel_config), "pipeline_parallel_size": pp,
-                                       "decode_context_parallel_size": dcp, "world_size": tp * pp,
+                                       "decode_context_parallel_size": dcp, "world_size": tp * pp * pcp,
+                                       "prefill_context_parallel_size": pcp,
                                        "cp_kv_cache_interleave_size": interleave})
             vc.model_config = NS(**{**vars(vc.model_config), "max_model_len": 256, "original_max_model_len": 256,
                                     "hf_text_config": NS(num_hidden_layers=n_layers)})
@@ -80,7 +82,7 @@ class ParallelDeployment(Deployment):
             stage_specs = []
             for a, b in self.ranges:
                 stage_specs.append({n: s for n, s in specs.items() if a <= int(n.split(".")[2]) < b})
-            per_worker = [stage_specs[w // tp] for w in range(self.world)]
+            per_worker = [stage_specs[w // (tp * pcp)] for w in range(self.world)]
             groups = P.get_global_kv_cache_groups(vc, per_worker)
             kcs = P.get_kv_cache_configs(vc, per_worker, [1 << 30] * self.world, groups)
             skc = generate_scheduler_kv_cache_config(kcs)
@@ -107,8 +109,8 @@ class ParallelDeployment(Deployment):
         assert self.spec.cpu_page_size_per_worker == self.slot_bytes
         self.logical_tokens = block_size * dcp
         # One "GPU" per distinct (stage) KV-cache config: TP ranks of a stage share the geometry.
-        self.gpus = [capture_regions(vc, kcs[s * tp], "per_worker") for s in range(pp)]
-        self.stage_layers = [tuple(kcs[s * tp].kv_cache_groups[0].layer_names) for s in range(pp)]
+        self.gpus = [capture_regions(vc, kcs[s * tp * pcp], "per_worker") for s in range(pp)]
+        self.stage_layers = [tuple(kcs[s * tp * pcp].kv_cache_groups[0].layer_names) for s in range(pp)]
         self.layers = tuple(n for st in self.stage_layers for n in st) if pp > 1 else self.stage_layers[0]
         self.layers = tuple(sorted(self.layers, key=lambda n: (int(n.split(".")[2]), n.endswith("k_cache"))))
 
@@ -160,7 +162,7 @@ class ParallelDeployment(Deployment):
         row = self._rows[int(chunk_id)]
         row[:] = 0
         for w in range(self.world):
-            stage = w // self.tp
+            stage = w // (self.tp * self.pcp)
             gpu = self.gpus[stage]
             for n in self.stage_layers[stage]:
                 for j in range(self.blocks_per_chunk):
@@ -178,7 +180,7 @@ class ParallelDeployment(Deployment):
         """What worker ``w`` reads through its own layer views after loading its slot of ``chunk_id``."""
         assert self._rows is not None
         row = self._rows[int(chunk_id)]
-        stage = w // self.tp
+        stage = w // (self.tp * self.pcp)
         gpu = self.gpus[stage]
         gpu.raw.zero_()
         base = w * self.slot_bytes

@@ -13,7 +13,7 @@ canonical payload (the header). DCP layouts use a GPU block of ``logical / dcp``
 hashes the same ``--logical``-token blocks (vLLM hashes a DCP deployment's blocks at block_size x dcp).
 
     python tools/parallel_matrix.py [--family deepseek-v3-bf16] [--layers 7] [--chunks 3] [--bpc 2]
-        [--logical 64] [--interleave 1] [--layouts TP8,TP4,TP1,PP2xTP4,PP4xTP2,DCP2xTP4,DCP2xTP8]
+        [--logical 64] [--interleave 1] [--layouts TP8,TP4,TP1,PP2xTP4,PP4xTP2,DCP2xTP4,DCP2xTP8,PCP2xTP4]
 
 Exit status 0 only if every cell is ``hit`` and every writer's bytes per chunk equal payload + header.
 """
@@ -36,24 +36,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vllm_harness import kvformat_tier, make_keys  # noqa: E402
 from vllm_parallel import ParallelDeployment  # noqa: E402
 
-DEFAULT_LAYOUTS = "TP8,TP4,TP1,PP2xTP4,PP4xTP2,DCP2xTP4,DCP2xTP8"
+DEFAULT_LAYOUTS = "TP8,TP4,TP1,PP2xTP4,PP4xTP2,DCP2xTP4,DCP2xTP8,PCP2xTP4"
 
 
-def parse_layout(s: str) -> tuple[int, int, int]:
-    """``PP2xDCP2xTP4`` -> (tp, pp, dcp)."""
-    parts = dict.fromkeys(("TP", "PP", "DCP"), 1)
+def parse_layout(s: str) -> tuple[int, int, int, int]:
+    """``PP2xDCP2xTP4`` -> (tp, pp, dcp, pcp)."""
+    parts = dict.fromkeys(("TP", "PP", "DCP", "PCP"), 1)
     for p in s.upper().split("X"):
-        m = re.fullmatch(r"(TP|PP|DCP)(\d+)", p)
+        m = re.fullmatch(r"(TP|PP|DCP|PCP)(\d+)", p)
         if m is None:
-            raise SystemExit(f"bad layout {s!r} (e.g. TP8, PP2xTP4, DCP2xTP8)")
+            raise SystemExit(f"bad layout {s!r} (e.g. TP8, PP2xTP4, DCP2xTP8, PCP2xTP4)")
         parts[m.group(1)] = int(m.group(2))
-    return parts["TP"], parts["PP"], parts["DCP"]
+    return parts["TP"], parts["PP"], parts["DCP"], parts["PCP"]
 
 
 def deploy(layout: str, root: str, a: argparse.Namespace) -> ParallelDeployment:
-    tp, pp, dcp = parse_layout(layout)
-    return ParallelDeployment(a.family, [kvformat_tier(root)], tp=tp, pp=pp, dcp=dcp, block_size=a.logical // dcp,
-                              bpc=a.bpc, n_layers=a.layers, interleave=a.interleave, num_chunks=2 * a.chunks + 2)
+    tp, pp, dcp, pcp = parse_layout(layout)
+    return ParallelDeployment(a.family, [kvformat_tier(root)], tp=tp, pp=pp, dcp=dcp, pcp=pcp,
+                              block_size=a.logical // dcp, bpc=a.bpc, n_layers=a.layers, interleave=a.interleave,
+                              num_chunks=2 * a.chunks + 2)
 
 
 def main(argv: list[str] | None = None) -> int:

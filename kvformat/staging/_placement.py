@@ -1,7 +1,8 @@
 """Which part of each chunk a rank holds when its group is pipeline- and/or decode-context parallel.
 
 The same placement vLLM uses and the tier assembles (docs/layout.md): rank ``w`` is pipeline stage
-``w // tp`` and TP rank ``w % tp``; its DCP rank is ``tp rank % dcp``; a stage holds a contiguous range
+``w // (pcp * tp)``, PCP rank ``(w // tp) % pcp`` and TP rank ``w % tp``; its DCP rank is ``tp rank % dcp``
+(PCP ranks, without DCP, hold the whole KV: replicas like TP ranks); a stage holds a contiguous range
 of the layers, a DCP rank the tokens ``t`` of each logical block with ``(t // interleave) % dcp`` equal
 to its rank. One *part* of a chunk is what one (stage, DCP rank) holds; the TP ranks sharing a part
 hold it byte for byte (the MLA latent), and one of them writes it.
@@ -20,7 +21,7 @@ __all__ = ["RankPlacement"]
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """The group's parallel layout: ``tp`` x ``pp`` ranks, ``dcp`` DCP ranks in each TP group.
+    """The group's parallel layout: ``tp`` x ``pcp`` x ``pp`` ranks, ``dcp`` DCP ranks in each TP group.
 
     ``stages``: per pipeline stage, the names of the layout's layers it holds (empty: one stage holding
     every layer). ``interleave``: vLLM's ``cp_kv_cache_interleave_size``.
@@ -31,11 +32,14 @@ class RankPlacement:
     dcp: int = 1
     interleave: int = 1
     stages: tuple[tuple[str, ...], ...] = ()
+    pcp: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.tp, self.pp, self.dcp, self.interleave) < 1 or self.tp % self.dcp:
-            raise StagingError(f"placement: expected tp, pp, dcp, interleave >= 1 with dcp dividing tp, got "
-                               f"tp={self.tp} pp={self.pp} dcp={self.dcp} interleave={self.interleave}")
+        if min(self.tp, self.pp, self.dcp, self.interleave, self.pcp) < 1 or self.tp % self.dcp:
+            raise StagingError(f"placement: expected tp, pp, dcp, pcp, interleave >= 1 with dcp dividing tp, got "
+                               f"tp={self.tp} pp={self.pp} dcp={self.dcp} pcp={self.pcp} interleave={self.interleave}")
+        if self.pcp > 1 and self.dcp > 1:
+            raise StagingError("placement: PCP with DCP is not supported (as in the vLLM tier: docs/layout.md)")
         if self.stages and len(self.stages) != self.pp:
             raise StagingError(f"placement: {len(self.stages)} stages' layers for pp={self.pp}")
         if not self.stages and self.pp != 1:
@@ -43,7 +47,7 @@ class RankPlacement:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pcp * self.pp
 
     @property
     def parts(self) -> int:
@@ -51,7 +55,7 @@ class RankPlacement:
 
     def part_of(self, rank: int) -> int:
         """The part ``rank`` holds (``stage * dcp + DCP rank``)."""
-        return (rank // self.tp) * self.dcp + (rank % self.tp) % self.dcp
+        return (rank // (self.tp * self.pcp)) * self.dcp + (rank % self.tp) % self.dcp
 
     def replicas(self, part: int) -> list[int]:
         """The ranks holding ``part``, lowest first."""
@@ -67,10 +71,11 @@ class RankPlacement:
         if not self.stages:
             return list(range(len(layout.layers)))
         index = {l.name: i for i, l in enumerate(layout.layers)}
-        names = self.stages[rank // self.tp]
+        stage = rank // (self.tp * self.pcp)
+        names = self.stages[stage]
         missing = [n for n in names if n not in index]
         if missing:
-            raise StagingError(f"placement: stage {rank // self.tp} holds {missing[0]}, which the layout has not")
+            raise StagingError(f"placement: stage {stage} holds {missing[0]}, which the layout has not")
         if sorted(index[n] for st in self.stages for n in st) != list(range(len(layout.layers))):
             raise StagingError("placement: the stages do not hold every layer of the layout exactly once")
         return [index[n] for n in names]

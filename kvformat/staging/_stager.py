@@ -289,7 +289,7 @@ class Stager(PartCopies):
         if pl is None:
             return Provenance(tp=self.row.world_size, row="canonical", writer=_writer_name(), created=int(time.time()))
         counts = tuple(len({i for i in (_layer_index(n) for n in st) if i is not None} or set(st)) for st in pl.stages)
-        return Provenance(tp=pl.tp, pp=pl.pp, dcp=pl.dcp, row="canonical", writer=_writer_name(),
+        return Provenance(tp=pl.tp, pp=pl.pp, dcp=pl.dcp, pcp=pl.pcp, row="canonical", writer=_writer_name(),
                           created=int(time.time()), pp_layers=counts if pl.pp > 1 else (),
                           cp_interleave=pl.interleave if pl.dcp > 1 else 1)
 
