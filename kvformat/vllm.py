@@ -12,7 +12,8 @@ What it does, per chunk of the primary (CPU) tier:
 * store: exactly ONE canonical copy (the single replicated slot, or slot 0 of a per-worker row after
   checking every worker slot holds the same bytes), at ``<root>/<namespace>/<h[:2]>/<h[2:4]>/<hash>.kvf``.
   The namespace is a digest of TP-invariant identity only, so deployments of any TP size and either
-  row layout share files. Existing files are skipped; writes are atomic (temp file + rename).
+  row layout share files; pipeline/context-parallel rows are assembled from their stages' and DCP ranks'
+  slots into the same payload (docs/layout.md). Existing files are skipped; writes are atomic.
 * load: header and layout checked (fail closed), checksums verified, payload placed into the slot
   (and copied into every worker slot of a per-worker row). A bad file is a miss, is moved to
   ``<root>/.quarantine/``, counted, and logged once per reason.
@@ -126,8 +127,9 @@ class KVFormatTier(SecondaryTierManager):
 
     Raises
     ------
-    SchemaError (a ValueError) for a bad parameter or a deployment this tier cannot store (not pure
-    MLA with tensor parallelism only); TypeError for an unknown parameter.
+    SchemaError (a ValueError) for a bad parameter or a deployment this tier cannot store (KV that is
+    not MLA, PCP together with DCP, a placement it cannot prove: docs/layout.md); TypeError for an
+    unknown parameter.
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
