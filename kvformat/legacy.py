@@ -246,19 +246,21 @@ def extract_payload(row: RowLayout, buf: memoryview, *, path: str | None = None)
     s = row.slot_bytes
     if row.plan is not None and row.plan.shards:
         return _assemble(row, row.plan, buf, path)
-    if row.copies > 1:
-        same = True
-        base = _addr(buf) if _memcmp is not None else None
-        for i in range(1, row.copies):
-            if base is not None:
-                same = _memcmp(base, base + i * s, s) == 0
-            else:
-                same = buf[:s] == buf[i * s:(i + 1) * s]
-            if not same:
-                break
-        if not same:
-            raise ReplicaMismatchError([xxh3_hex(buf[i * s:(i + 1) * s]) for i in range(row.copies)], path=path)
+    if row.copies > 1 and not _replicas_equal(buf, [i * s for i in range(row.copies)], s):
+        raise ReplicaMismatchError([xxh3_hex(buf[i * s:(i + 1) * s]) for i in range(row.copies)], path=path)
     return buf[:s]
+
+
+def _replicas_equal(buf: memoryview, offsets: Sequence[int], n: int) -> bool:
+    """Whether the ``n`` bytes at every offset of ``buf`` equal those at the first, stopping at a difference."""
+    base = _addr(buf) if _memcmp is not None else None
+    for off in offsets[1:]:
+        if base is not None:
+            if _memcmp(base + offsets[0], base + off, n) != 0:
+                return False
+        elif buf[offsets[0]:offsets[0] + n] != buf[off:off + n]:
+            return False
+    return True
 
 
 def _assemble(row: RowLayout, plan: RowPlan, buf: memoryview, path: str | None) -> memoryview:
@@ -268,10 +270,8 @@ def _assemble(row: RowLayout, plan: RowPlan, buf: memoryview, path: str | None) 
     out = memoryview(bytearray(row.layout.payload_bytes))
     for shard in plan.shards:
         first = shard.slots[0] * s
-        ref = buf[first:first + shard.used]
-        for w in shard.slots[1:]:
-            if buf[w * s:w * s + shard.used] != ref:
-                raise ReplicaMismatchError([xxh3_hex(buf[x * s:x * s + shard.used]) for x in shard.slots], path=path)
+        if not _replicas_equal(buf, [w * s for w in shard.slots], shard.used):
+            raise ReplicaMismatchError([xxh3_hex(buf[x * s:x * s + shard.used]) for x in shard.slots], path=path)
         for w in shard.slots:
             tail = buf[w * s + shard.used:(w + 1) * s]
             if tail.nbytes and tail != bytes(tail.nbytes):

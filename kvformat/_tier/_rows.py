@@ -175,11 +175,7 @@ class RowEngine:
         if self.copies > 1 and self.cfg.replica_policy == "verify" and not self.plan.shards:
             digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # native: no GIL
                        for r in range(self.copies)]
-            if len(set(digests)) != 1:
-                err = ReplicaMismatchError([f"{d:016x}" for d in digests])
-                self.counters.add(replica_mismatches=1)
-                self.warn_once("ReplicaMismatchError", "kvformat tier: chunk %s not stored: %s. The model's KV is "
-                               "not replicated across workers; kvformat stores only replicated (MLA) KV", h, err)
+            if self._replicas_differ(h, digests, "the worker slots"):
                 return REPLICA_MISMATCH, 0
         key = BlockKey(h, self.layout.group)
         prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
@@ -233,14 +229,20 @@ class RowEngine:
             if len(shard.slots) > 1 and self.cfg.replica_policy == "verify":
                 digests = [xxh3_64(self.flat[base + w * self.slot:base + w * self.slot + shard.used])
                            for w in shard.slots]
-                if len(set(digests)) != 1:
-                    err = ReplicaMismatchError([f"{d:016x}" for d in digests])
-                    self.counters.add(replica_mismatches=1)
-                    self.warn_once("ReplicaMismatchError", "kvformat tier: chunk %s not stored: workers %s of one "
-                                   "pipeline stage / DCP rank differ: %s", h, list(shard.slots), err)
+                if self._replicas_differ(h, digests, f"workers {list(shard.slots)} of one pipeline stage / DCP rank"):
                     return None
             self.plan.gather_shard(shard, self.flat[first:first + self.slot], out)
         return out
+
+    def _replicas_differ(self, h: str, digests: list[int], what: str) -> bool:
+        """Count and log (once) a chunk whose replicas' digests differ; True if they do."""
+        if len(set(digests)) == 1:
+            return False
+        err = ReplicaMismatchError([f"{d:016x}" for d in digests])
+        self.counters.add(replica_mismatches=1)
+        self.warn_once("ReplicaMismatchError", "kvformat tier: chunk %s not stored: %s differ: %s. The model's KV "
+                       "is not replicated across workers; kvformat stores only replicated (MLA) KV", h, what, err)
+        return True
 
     def _buffer(self, i: int) -> memoryview:
         bufs = getattr(self._scratch, "bufs", None)

@@ -170,8 +170,7 @@ class Stager(PartCopies):
             self.stats.chunks_observed += 1
         # A lone writer needs nothing more; with several parts every rank waits for the others' parts.
         if wait and (not copied or self.row.parts > 1):
-            self.stats.wait_s += self.row.wait(chunk, epoch, writer=self._writers(chunk), timeout_s=self.timeout_s,
-                                               exact=False, what=self._what())
+            self._wait(chunk, epoch, exact=False)
         return copied
 
     def _copy_out(self, ids: list[int], chunk: int) -> None:
