@@ -1,4 +1,4 @@
-"""Builds kvformat's optional C extension (kvformat._kvfnative); all metadata lives in pyproject.toml.
+"""Builds kvformat's optional C extension (kvformat.format._kvfnative); all metadata lives in pyproject.toml.
 
 The extension is optional: if the compiler is missing or the build fails, the install still succeeds and
 kvformat uses its pure-Python paths (python-xxhash, os.preadv/os.writev). Set KVFORMAT_REQUIRE_NATIVE=1 to
@@ -32,7 +32,7 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[Extension(
-        "kvformat._kvfnative",
+        "kvformat.format._kvfnative",
         sources=["csrc/kvf_native.c", "csrc/kvf_xxh3.c"],
         depends=["csrc/kvf_xxh3.h"],
         extra_compile_args=["-O3", "-std=c11", "-D_GNU_SOURCE", "-fvisibility=hidden"],

@@ -1,10 +1,10 @@
 """kvformat: a compact, checksummed, TP-independent block file for MLA KV cache (spec/FORMAT.md)."""
 
-from ._format import decode, encode
-from ._paths import block_relpath
-from ._io import BlockFile, load_file, open_block, read_header, read_into, save_file
-from ._consts import ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance
+from .format import (
+    ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, BlockFile, BlockHeader, BlockKey,
+    CanonicalLayout, LayerSpec, Provenance, block_relpath, decode, encode, load_file, open_block, read_header,
+    read_into, save_file,
+)
 from .errors import KVFormatError
 
 __version__ = "0.1.0"

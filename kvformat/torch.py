@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._spec import CanonicalLayout
+from .format._spec import CanonicalLayout
 from .errors import LayoutMismatchError
 
 __all__ = ["TORCH_DTYPES", "torch_dtype", "payload_from_tensors", "tensors_from_payload", "empty_payload",

@@ -17,7 +17,7 @@ from legacy_trees import MODEL, layer_names
 import kvformat as K
 from kvformat.storage import open_store
 
-CODE = "import sys; from kvformat._cli import main; sys.exit(main(sys.argv[1:]))"
+CODE = "import sys; from kvformat.cli import main; sys.exit(main(sys.argv[1:]))"
 NOBODY = 65534
 
 
@@ -92,7 +92,7 @@ def run_as(user: int | None, argv: list[str]) -> tuple[int, str]:
     import io
     import json as _json
 
-    from kvformat._cli import main
+    from kvformat.cli import main
 
     r, w = os.pipe()
     pid = os.fork()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kvformat as K
-from kvformat._header import decode_header
+from kvformat.format._header import decode_header
 from kvformat.errors import KVFormatError
 
 DATA_BITS = 200_000 if os.environ.get("KVFORMAT_SLOW") == "1" else 20_000  # seeded payload bits per big file

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import kvformat as K
-from kvformat._cli import main
-from kvformat._cli._schema import INSPECT_SCHEMA, validate
-from kvformat._gc import plan_gc
+from kvformat.cli import main
+from kvformat.cli._schema import INSPECT_SCHEMA, validate
+from kvformat.admin._gc import plan_gc
 from kvformat.storage import open_store
 
 from legacy_trees import MODEL, build, layer_names
@@ -248,7 +248,7 @@ def test_usage_exit_codes(capsys):
 def test_console_script_runs(tmp_path):
     root, rels = _root(tmp_path, n=2)
     exe = Path(sys.executable).parent / "kvformat"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "import sys; from kvformat._cli import main; sys.exit(main())"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "import sys; from kvformat.cli import main; sys.exit(main())"]
     r = subprocess.run(cmd + ["verify", root], capture_output=True, text=True)
     assert r.returncode == 0 and "checked 2 files: 0 bad" in r.stdout
     r = subprocess.run(cmd + ["verify", "--bogus", root], capture_output=True, text=True)

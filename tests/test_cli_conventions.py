@@ -27,12 +27,12 @@ from cli_helpers import (
 )
 from legacy_trees import build
 
-from kvformat._cli import EXIT_CODES, main
-from kvformat._cli._args import build_parser as _parser
-from kvformat._cli._schema import SCHEMAS, validate
-from kvformat._cli._util import human
-from kvformat._sizes import parse_limit, parse_size
-from kvformat._tier._config import TierConfig
+from kvformat.cli import EXIT_CODES, main
+from kvformat.cli._args import build_parser as _parser
+from kvformat.cli._schema import SCHEMAS, validate
+from kvformat.cli._util import human
+from kvformat.format._sizes import parse_limit, parse_size
+from kvformat.cache._config import TierConfig
 from kvformat.errors import SchemaError, UsageError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
@@ -295,7 +295,7 @@ def test_cli_modules_import_no_private_names_from_each_other():
 
 
 def test_scan_engine_is_a_library_api(tmp_path):
-    from kvformat.scan import scan_root
+    from kvformat.admin import scan_root
 
     root, rels = kv_root(str(tmp_path / "kv"), n=3)
     flip(os.path.join(root, rels[2]))

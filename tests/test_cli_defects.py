@@ -20,7 +20,7 @@ from cli_helpers import (
 from legacy_trees import build, config_dir
 
 import kvformat as K
-from kvformat._cli import main
+from kvformat.cli import main
 from kvformat.errors import LayoutMismatchError, LegacyLayoutError
 from kvformat.legacy import LegacyNamespace, find_namespaces
 from kvformat.storage import open_store
@@ -185,7 +185,7 @@ def test_malformed_legacy_config_is_a_layout_error_not_a_traceback(case, tmp_pat
 
 
 def test_last_resort_handler_has_its_own_exit_code(monkeypatch, capsys):
-    import kvformat._cli as cli_mod
+    import kvformat.cli as cli_mod
 
     def buggy(_a):  # stands in for a bug in a command: the one case no real input can reach
         raise ZeroDivisionError("division by zero")

@@ -13,8 +13,8 @@ import time
 import pytest
 
 import kvformat as K
-from kvformat._cli import main
-from kvformat._spec import NAMESPACE_FILE, BlockKey
+from kvformat.cli import main
+from kvformat.format._spec import NAMESPACE_FILE, BlockKey
 from kvformat.errors import LegacyLayoutError
 from kvformat.legacy import find_namespaces, infer_row
 from kvformat.storage import open_store
@@ -122,7 +122,7 @@ def test_kill9_midway_then_rerun_gives_same_tree(tmp_path):
     t = build(str(tmp_path / "src"), tp=8, n_layers=8, n_files=400)
     clean, resumed = str(tmp_path / "clean"), str(tmp_path / "resumed")
     assert main(["compact", "-q", t.root, clean]) == 0
-    cmd = [sys.executable, "-c", "import sys; from kvformat._cli import main; sys.exit(main(sys.argv[1:]))",
+    cmd = [sys.executable, "-c", "import sys; from kvformat.cli import main; sys.exit(main(sys.argv[1:]))",
            "compact", "-q", t.root, resumed]
     # --fsync makes each file cost a disk flush, so the kill lands mid-run; the bytes do not depend on it
     proc = subprocess.Popen(cmd + ["--fsync"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -282,7 +282,7 @@ def test_progress_bar_on_a_terminal_quiet_in_pipes(tmp_path):
 
 
 def test_cached_sources_are_mapped_uncached_ones_read(tmp_path, capsys):
-    from kvformat._convert import _map_if_cached
+    from kvformat.legacy._convert import _map_if_cached
 
     t = build(str(tmp_path / "src"), tp=4, n_files=4)
     cold = sorted(t.paths.values())[:2]

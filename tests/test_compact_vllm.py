@@ -18,7 +18,7 @@ pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM 0.33 is inst
 
 from vllm_harness import Deployment, fs_tier, kvformat_tier, make_keys, make_payload  # noqa: E402
 
-from kvformat._cli import main  # noqa: E402
+from kvformat.cli import main  # noqa: E402
 from kvformat.legacy import find_namespaces, infer_row, legacy_fields, legacy_paths  # noqa: E402
 from vllm.v1.kv_offload.base import get_offload_block_hash  # noqa: E402
 from vllm.v1.kv_offload.file_mapper import FileMapper  # noqa: E402

@@ -20,8 +20,8 @@ import uuid
 import pytest
 
 import kvformat as K
-from kvformat._write import TMP_PREFIX, write_atomic
-from kvformat._spec import block_relpath
+from kvformat.format._write import TMP_PREFIX, write_atomic
+from kvformat.format._spec import block_relpath
 from kvformat.storage import LocalStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,8 +111,8 @@ def test_two_processes_store_same_keys(tmp_path, order):
 GC_CHILD = r"""
 import os, random, shutil, sys, time
 sys.path.insert(0, sys.argv[1])
-from kvformat._gc import run_gc
-from kvformat._write import write_atomic
+from kvformat.admin._gc import run_gc
+from kvformat.format._write import write_atomic
 from kvformat.storage import LocalStore
 root, backup, stop, max_bytes = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 st = LocalStore(root)
@@ -270,7 +270,7 @@ def test_kvformat_gc_process_while_tier_loads(tmp_path):
             with open(p, "rb") as f:
                 write_atomic(dst, [f.read()])
         size = os.path.getsize(finals[0])
-        cli = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from kvformat._cli import main; "
+        cli = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from kvformat.cli import main; "
                "sys.exit(main(sys.argv[2:]))", ROOT, "gc", root, "--max-bytes", str(size * 3)]
         restorer = threading.Event()
         gc_runs = {"n": 0, "rc": []}

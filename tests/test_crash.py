@@ -21,8 +21,8 @@ import time
 import pytest
 
 import kvformat as K
-from kvformat._gc import run_gc
-from kvformat._write import TMP_PREFIX
+from kvformat.admin._gc import run_gc
+from kvformat.format._write import TMP_PREFIX
 from kvformat.legacy import ROW_ALIGN, legacy_fields, write_legacy_row
 from kvformat.storage import LocalStore
 
@@ -201,7 +201,7 @@ sys.path.insert(0, sys.argv[1])
 # writes (temp file open) on any machine, not mostly in interpreter start-up or between files.
 _fsync = os.fsync
 os.fsync = lambda fd: (time.sleep(0.01), _fsync(fd))[1]
-from kvformat._cli import main
+from kvformat.cli import main
 print("ready", flush=True)
 sys.exit(main(sys.argv[2:]))
 """
@@ -404,12 +404,12 @@ def test_tier_writer_sigkill(tmp_path):
 
 def test_cleanup_temp_removes_dead_writers_files_and_keeps_live_ones(tmp_path):
     """A temp file whose writer process is gone goes at once; a live writer's (or another host's) stays."""
-    from kvformat._write import temp_name
+    from kvformat.format._write import temp_name
 
     store = LocalStore(str(tmp_path))
     d = tmp_path / "ns" / "ab" / "cd"
     d.mkdir(parents=True)
-    dead = subprocess.run([sys.executable, "-c", "from kvformat._write import temp_name; print(temp_name())"],
+    dead = subprocess.run([sys.executable, "-c", "from kvformat.format._write import temp_name; print(temp_name())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     live = temp_name()
     other_host = dead.rsplit("-", 1)[0] + "-00000000"

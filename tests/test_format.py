@@ -15,10 +15,10 @@ import torch
 import xxhash
 
 import kvformat as K
-from kvformat._header import decode_header
+from kvformat.format._header import decode_header
 from kvformat import errors
-from kvformat._files import iter_files
-from kvformat._write import TMP_PREFIX, write_atomic
+from kvformat.format._files import iter_files
+from kvformat.format._write import TMP_PREFIX, write_atomic
 
 PROV = K.Provenance(tp=8, row="replicated", writer="kvformat-test", created=1767225600)
 KEY = K.BlockKey("9f" * 32)
@@ -301,7 +301,7 @@ def test_header_dict_and_path(tmp_path):
     d = hdr.to_dict()
     assert d["namespace"] == L.namespace() and d["file_bytes"] == 4096 + L.payload_bytes
     assert K.CanonicalLayout.from_dict(d["layout"]) == L
-    rel = K._spec.block_relpath(L, KEY)
+    rel = K.block_relpath(L, KEY)
     assert rel == f"{L.namespace()}/9f/9f/{KEY.hash}.kvf"
     assert L.namespace().startswith("deepseek-ai_DeepSeek-V3-") and len(L.namespace().rsplit("-", 1)[1]) == 16
 

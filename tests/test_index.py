@@ -15,12 +15,12 @@ from typing import Any, Iterator
 import pytest
 
 import kvformat as K
-from kvformat._format import encode_block
-from kvformat._tier import _scan
-from kvformat._tier._config import TierConfig
-from kvformat._tier._lru import LRUIndex
-from kvformat._tier._rows import EXISTS, FAILED, WRITTEN, RowEngine
-from kvformat._spec import Provenance
+from kvformat.format._block import encode_block
+from kvformat.cache import _scan
+from kvformat.cache._config import TierConfig
+from kvformat.cache._lru import LRUIndex
+from kvformat.cache._rows import EXISTS, FAILED, WRITTEN, RowEngine
+from kvformat.format._spec import Provenance
 from kvformat.storage._base import StoreEntry
 from kvformat.storage._local import LocalStore
 

@@ -180,7 +180,7 @@ def test_without_vllms_kv_config_dsa_falls_back_to_formulas_or_opaque(tmp_path):
 def test_legacy_dsa_tree_from_vllms_fs_tier_compacts_to_the_tiers_files(tmp_path, row):
     from vllm_harness import fs_tier
 
-    from kvformat._cli import main
+    from kvformat.cli import main
 
     legacy, out = tmp_path / "legacy", tmp_path / "kvf"
     keys = make_keys(2, f"legacy-dsa-{row}")

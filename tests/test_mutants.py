@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import kvformat as K
-from kvformat import _fused, _read
+from kvformat.format import _fused, _read
 from kvformat.errors import ChecksumError, SchemaError, TruncatedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,7 +199,7 @@ def test_f55_decode_of_a_bad_zstd_frame_into_out_zeroes_it():
 
 
 def test_f52_fused_read_of_a_file_that_shrank_is_truncated_and_zeroed(tmp_path, monkeypatch):
-    from kvformat import _native  # the fused read works on either implementation (native or fallback)
+    from kvformat.format import _native  # the fused read works on either implementation (native or fallback)
 
     p = tmp_path / "b.kvf"
     p.write_bytes(PLAIN.file)

@@ -11,10 +11,10 @@ import tempfile
 import pytest
 import xxhash
 
-from kvformat import _native
+from kvformat.format import _native
 
 N = _native._native  # the compiled module, or None
-needs_native = pytest.mark.skipif(N is None, reason="kvformat._kvfnative not built (test_native_is_built says why)")
+needs_native = pytest.mark.skipif(N is None, reason="kvformat.format._kvfnative not built (test_native_is_built says why)")
 KERNELS = ["scalar", "avx2"] if N is not None and N.have_avx2() else ["scalar"]
 RNG = random.Random(1313)
 DATA = bytes(RNG.getrandbits(8) for _ in range(1 << 16)) + os.urandom(1 << 16)
@@ -31,8 +31,8 @@ def test_native_is_built() -> None:
         assert not _native.HAVE_NATIVE and N is None
         return
     if os.environ.get("KVFORMAT_REQUIRE_NATIVE") == "1" or os.environ.get("CI") == "true":
-        assert _native.HAVE_NATIVE, "the C extension kvformat._kvfnative did not build or import"
-    built = glob.glob(os.path.join(os.path.dirname(kvformat.__file__), "_kvfnative*.so"))
+        assert _native.HAVE_NATIVE, "the C extension kvformat.format._kvfnative did not build or import"
+    built = glob.glob(os.path.join(os.path.dirname(kvformat.__file__), "format", "_kvfnative*.so"))
     assert _native.HAVE_NATIVE == bool(built), built
 
 
@@ -146,7 +146,7 @@ def test_os_errors_pass_through(tmp_path) -> None:  # type: ignore[no-untyped-de
 def test_no_native_env_forces_fallback() -> None:
     """A subprocess with KVFORMAT_NO_NATIVE=1 runs a real save/read round trip on the fallback."""
     code = (
-        "import os, kvformat as K, kvformat._native as n, kvformat._header as h\n"
+        "import os, kvformat as K, kvformat.format._native as n, kvformat.format._header as h\n"
         "assert not n.HAVE_NATIVE and n.simd() == 'python-xxhash', n.simd()\n"
         "assert 'xxhash' in h.xxh3_hex.__code__.co_names, 'the native xxh3_hex is in use'\n"
         "L = K.CanonicalLayout.uniform('m', 'bfloat16', ['l0', 'l1'], 4, 8)\n"

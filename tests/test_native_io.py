@@ -1,4 +1,4 @@
-"""The fused one-read / one-write paths (kvformat._fused.read_into_fused, write_block_fused), native or not."""
+"""The fused one-read / one-write paths (kvformat.format._fused.read_into_fused, write_block_fused), native or not."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 import xxhash
 
 import kvformat as K
-from kvformat import _fused, _native, errors
-from kvformat._write import TMP_PREFIX
-from kvformat._format import encode_block
+from kvformat import errors
+from kvformat.format import _fused, _native
+from kvformat.format._write import TMP_PREFIX
+from kvformat.format._block import encode_block
 
 L = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", [f"model.layers.{i}.self_attn.attn" for i in range(3)],
                               64, 576)
@@ -90,7 +91,7 @@ def test_fused_read_falls_back_for_compressed_and_other_layouts(tmp_path) -> Non
 
 
 def test_header_hash_matches_fallback() -> None:
-    from kvformat import _header
+    from kvformat.format import _header
 
     buf = os.urandom(100_000)
     assert _header.xxh3_hex(buf) == xxhash.xxh3_64_hexdigest(buf)

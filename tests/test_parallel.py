@@ -193,7 +193,7 @@ def _legacy_tree(src, family, tp, pp=1, dcp=1, **kw):
 def test_legacy_pp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
     import json
 
-    from kvformat._cli import main
+    from kvformat.cli import main
 
     src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
     seeds = _legacy_tree(src, "glm-5-fp8", 4, pp=2)
@@ -216,7 +216,7 @@ def test_legacy_pp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
 
 
 def test_legacy_dcp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
-    from kvformat._cli import main
+    from kvformat.cli import main
 
     src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
     seeds = _legacy_tree(src, "deepseek-v3-bf16", 4, dcp=2, interleave=4)
@@ -234,7 +234,7 @@ def test_legacy_dcp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
 
 
 def test_legacy_pcp_tree_compacts_and_loads_at_tp4(tmp_path, capsys):
-    from kvformat._cli import main
+    from kvformat.cli import main
 
     src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
     seeds = _legacy_tree(src, "deepseek-v3-bf16", 2, pcp=2)

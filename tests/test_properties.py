@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvformat as K
-from kvformat._header import decode_header, encode_header
-from kvformat._consts import DTYPE_SIZES
+from kvformat.format._header import decode_header, encode_header
+from kvformat.format._consts import DTYPE_SIZES
 
 BUDGET = 512 * 1024  # payload bytes the width is chosen to fit (a width of 1 may exceed it: at most 1 MiB)
 KV_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "fp8_ds_mla": "U8"}

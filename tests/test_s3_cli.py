@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kvformat as K
-from kvformat._cli import main
+from kvformat.cli import main
 from kvformat.storage import open_store
 from s3_server import S3Server, s3_bucket, s3_env, s3_server  # noqa: F401
 
@@ -68,7 +68,7 @@ def _fill(url: str, n: int) -> list[str]:
 
 
 def test_inspect_json_on_s3_root_matches_schema(s3_bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from kvformat._cli._schema import INSPECT_SCHEMA, validate
+    from kvformat.cli._schema import INSPECT_SCHEMA, validate
 
     url = f"s3://{s3_bucket}/cache"
     rels = _fill(url, 4)

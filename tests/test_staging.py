@@ -197,7 +197,7 @@ def test_stage_out_tp2_tp4_to_file_then_stage_in_fresh_tp2(tmp_path: Path) -> No
     ids = _ids(7)
     orig = _kv()
     for c in range(CHUNKS):
-        rel = K._spec.block_relpath(L, _key(c))
+        rel = K.block_relpath(L, _key(c))
         payloads = []
         for tp in (2, 4):
             hdr = K.read_header(os.path.join(roots[tp], rel))
@@ -233,7 +233,7 @@ def test_writer_rotation_covers_all_ranks(tmp_path: Path) -> None:
     ids = _ids(7)
     buf = bytearray(_layout().payload_bytes)
     for c in range(CHUNKS):
-        K.read_into(tmp_path / K._spec.block_relpath(_layout(), _key(c)), buf)
+        K.read_into(tmp_path / K.block_relpath(_layout(), _key(c)), buf)
         assert bytes(buf) == _expected_payload(ids[c])
 
 

@@ -24,13 +24,13 @@ import time
 import pytest
 
 import kvformat as K
-from kvformat._spec import block_relpath
+from kvformat.format._spec import block_relpath
 from kvformat.legacy import ROW_ALIGN, legacy_fields, legacy_paths, write_legacy_row
 from kvformat.storage import LocalStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "deepseek-ai/DeepSeek-V2-Lite"
-CLI = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from kvformat._cli import main; "
+CLI = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from kvformat.cli import main; "
        "sys.exit(main(sys.argv[2:]))", ROOT]
 
 

@@ -16,7 +16,7 @@ import torch
 import xxhash
 
 import kvformat as K
-from kvformat._header import decode_header
+from kvformat.format._header import decode_header
 from kvformat import errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_valid_vector(name, tmp_path):
     hdr, payload = K.decode(raw)
     assert hdr.to_dict() == exp["header"]
     assert dict(hdr.extra) == exp["extra"]
-    assert K._spec.block_relpath(hdr.layout, hdr.key) == exp["relpath"]
+    assert K.block_relpath(hdr.layout, hdr.key) == exp["relpath"]
     got = {l.name: xxhash.xxh3_64_hexdigest(bytes(payload[o:o + n]))
            for l, o, n in zip(hdr.layout.layers, hdr.layout.layer_offsets, hdr.layout.chunk_bytes_per_layer)}
     assert got == exp["layers_xxh3"]

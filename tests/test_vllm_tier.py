@@ -15,8 +15,8 @@ from vllm_harness import (  # noqa: E402  (after the importorskip on purpose)
 )
 
 import kvformat as K  # noqa: E402
-from kvformat._tier._config import TierConfig, parse_size  # noqa: E402
-from kvformat._tier._lru import LRUIndex  # noqa: E402
+from kvformat.cache._config import TierConfig, parse_size  # noqa: E402
+from kvformat.cache._lru import LRUIndex  # noqa: E402
 from kvformat.errors import SchemaError  # noqa: E402
 from kvformat.vllm import METRIC_PREFIX, KVFormatTier  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402

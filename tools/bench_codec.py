@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import safetensors.torch  # noqa: E402
 
 import kvformat as K  # noqa: E402
-from kvformat._header import decode_header  # noqa: E402
+from kvformat.format._header import decode_header  # noqa: E402
 
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(61)]
 LAYOUT = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16", NAMES, 64, 576)

@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 from kvformat import BlockKey, CanonicalLayout, Provenance, block_relpath  # noqa: E402
 from kvformat.legacy import ROW_ALIGN, legacy_fields, write_legacy_row  # noqa: E402
-from kvformat._consts import round_up  # noqa: E402
+from kvformat.format._consts import round_up  # noqa: E402
 from kvformat.storage import open_store  # noqa: E402
 
 MODEL = "deepseek-ai/DeepSeek-V3"
@@ -59,7 +59,7 @@ def build_kvf(root: str, n: int) -> None:
     store = open_store(root)
     lay = CanonicalLayout.uniform(MODEL, "bfloat16", [f"model.layers.{i}.self_attn.attn" for i in range(61)], 64, 576)
     store.ensure_namespace(lay)
-    from kvformat._format import encode
+    from kvformat.format._block import encode
 
     pay = np.zeros(lay.payload_bytes, dtype=np.uint8)
     hdr, _ = encode(pay, lay, BlockKey("00" * 32), provenance=Provenance(tp=8, row="per_worker"))
@@ -103,7 +103,7 @@ def main() -> int:
     a = ap.parse_args()
     base = a.dir or tempfile.mkdtemp(prefix="kvf-bench-")
     os.makedirs(base, exist_ok=True)
-    kvf = [sys.executable, "-c", "import sys; from kvformat._cli import main; sys.exit(main())"]
+    kvf = [sys.executable, "-c", "import sys; from kvformat.cli import main; sys.exit(main())"]
     try:
         src = os.path.join(base, "legacy")
         total = build_legacy(src, a.files, a.tp, a.layers)

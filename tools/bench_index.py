@@ -28,7 +28,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from kvformat._tier._lru import LRUIndex as NewIndex  # noqa: E402
+from kvformat.cache._lru import LRUIndex as NewIndex  # noqa: E402
 
 SIZE = 4_505_600  # one DeepSeek-V3 block file
 

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import xxhash  # noqa: E402
 
-from kvformat import _native  # noqa: E402
+from kvformat.format import _native  # noqa: E402
 
 
 def main() -> None:

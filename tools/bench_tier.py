@@ -217,8 +217,8 @@ class Fallback:
     """Swap kvformat's native functions for its pure-Python ones for the duration of a ``with``."""
 
     def __enter__(self) -> None:
-        from kvformat import _header, _native
-        from kvformat._tier import _rows
+        from kvformat.format import _header, _native
+        from kvformat.cache import _rows
 
         self.saved = [(m, n, getattr(m, n)) for m, n in ((_native, "pread_hash"), (_native, "pwrite_hash"),
                                                          (_native, "xxh3_64"), (_rows, "xxh3_64"))]
@@ -226,7 +226,7 @@ class Fallback:
         for m, n, _ in self.saved[:-1]:
             setattr(m, n, getattr(_native, "_py_" + n))
         _header.xxh3_hex = lambda d: f"{_native._py_xxh3_64(d):016x}"
-        import kvformat._format as F
+        import kvformat.format._block as F
         self.saved.append((F, "xxh3_hex", F.xxh3_hex))
         F.xxh3_hex = _header.xxh3_hex
 
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                          "as a third contender 'kvpy', interleaved: what the C extension buys")
     a = ap.parse_args(argv)
     path = install_peer(a.peer)
-    from kvformat import _native
+    from kvformat.format import _native
 
     media = {"shm": "/dev/shm", "disk": a.disk_dir or tempfile.gettempdir()}
     print(f"vLLM built-in fs tier: {path} (O_DIRECT probe: "

@@ -52,8 +52,8 @@ import xxhash  # noqa: E402
 import zstandard  # noqa: E402
 
 import kvformat as K  # noqa: E402
-from kvformat._header import _hxxh3_pos  # noqa: E402
-from kvformat._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO, MAX_HEADER_BYTES  # noqa: E402
+from kvformat.format._header import _hxxh3_pos  # noqa: E402
+from kvformat.format._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO, MAX_HEADER_BYTES  # noqa: E402
 
 SENTINEL = 0xA5
 _U64 = struct.Struct("<Q")
@@ -654,7 +654,7 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
 def _meta_trees(d: str) -> list[tuple[str, str, list[list[str]]]]:
     """(root, metadata file, CLI commands) for a kvformat namespace and a legacy vLLM fs-tier tree."""
     from kvformat import legacy
-    from kvformat._paths import NAMESPACE_FILE
+    from kvformat.format._paths import NAMESPACE_FILE
     from kvformat.storage import open_store
 
     lay = K.CanonicalLayout.uniform("org/meta", "bfloat16", ["l0", "l1"], 4, 8)
@@ -718,7 +718,7 @@ def run_metadata(cases: int, seed: int = 1, *, tmpdir: str | None = None, per_ca
     The rule (issue 11): metadata is untrusted input. ``main()`` returns one of the documented exit codes
     (0 ok, 1 bad files, 2 usage or I/O error), its ``--json`` output parses, and no exception escapes.
     """
-    from kvformat._cli import main as cli
+    from kvformat.cli import main as cli
 
     rng = random.Random(seed)
     summary: dict[str, Any] = {"cases": 0, "failures": [], "by_exit": {}, "seed": seed}

@@ -26,8 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import kvformat as K  # noqa: E402
-from kvformat import _codec  # noqa: E402
-from kvformat._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO  # noqa: E402
+from kvformat.format import _codec  # noqa: E402
+from kvformat.format._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO  # noqa: E402
 
 CREATED = 1767225600  # 2026-01-01T00:00:00Z
 WRITER = "kvformat-vectors"
@@ -444,7 +444,7 @@ def generate(outdir: str) -> list[str]:
     for name, (fb, pay, L) in valid_vectors().items():
         hdr, _ = K.decode(fb)
         exp = {"header": hdr.to_dict(), "extra": dict(hdr.extra), "file_xxh3": xxhash.xxh3_64_hexdigest(fb),
-               "relpath": K._spec.block_relpath(hdr.layout, hdr.key), "layers_xxh3": layer_xxh3(pay, L)}
+               "relpath": K.block_relpath(hdr.layout, hdr.key), "layers_xxh3": layer_xxh3(pay, L)}
         _write(os.path.join(outdir, "valid", name + ".kvf"), fb)
         _write(os.path.join(outdir, "valid", name + ".json"), (json.dumps(exp, indent=1) + "\n").encode())
         written += [f"valid/{name}.kvf", f"valid/{name}.json"]

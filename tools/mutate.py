@@ -2,8 +2,9 @@
 
 Mutants (each applied alone, in a temporary copy of the tree, never in the working tree):
 
-* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/_header.py, _header_json.py, _format.py,
-  _consts.py, _spec.py, _read.py, _fused.py, _codec.py becomes ``pass`` (the check is gone, the code goes on);
+* every ``raise`` statement that carries an ``F-x.y`` comment in kvformat/format/: _header.py,
+  _header_json.py, _block.py, _consts.py, _spec.py, _read.py, _fused.py, _codec.py becomes ``pass`` (the check is
+  gone, the code goes on);
 * every ``if`` whose condition line carries an ``F-x.y`` comment gets the condition ``False``;
 * hand-written mutants for checks that are not a single raise: the version regex (F-4.2), the stored
   data checksum (F-5.2), the zero-on-failure code (F-5.5, both call sites and ``invalidate``) and the
@@ -33,9 +34,9 @@ import time
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["kvformat/_header.py", "kvformat/_header_json.py", "kvformat/_format.py", "kvformat/_consts.py",
-         "kvformat/_spec.py", "kvformat/_read.py", "kvformat/_fused.py", "kvformat/_codec.py"]
-IO_FILES = ("kvformat/_read.py", "kvformat/_fused.py")  # the file paths: their mutants also run IO_TESTS
+FILES = [f"kvformat/format/{m}.py" for m in ("_header", "_header_json", "_block", "_consts", "_spec", "_read", "_fused",
+                                             "_codec")]
+IO_FILES = ("kvformat/format/_read.py", "kvformat/format/_fused.py")  # the file paths: their mutants also run IO_TESTS
 FID = re.compile(r"#.*?\b(F-\d+\.\d+)")
 DEFAULT_TESTS = ["tests/test_vectors.py", "tests/test_format.py", "tests/test_mutants.py"]
 IO_TESTS = ["tests/test_untrusted.py", "tests/test_native_io.py"]  # the file paths, the fused ones included
@@ -90,20 +91,20 @@ def auto_mutants(path: str) -> list[Mutant]:
 
 HAND = [
     # (must, path, old, new, what)
-    ("F-4.2", "kvformat/_header.py", r'rb"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})"',
+    ("F-4.2", "kvformat/format/_header.py", r'rb"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})"',
      r'rb"([0-9]{1,4})\.([0-9]{1,4})"', "version regex accepts leading zeros"),
-    ("F-5.2", "kvformat/_format.py", "    if actual != hdr.data_xxh3:\n        raise ChecksumError(\"data\"",
+    ("F-5.2", "kvformat/format/_block.py", "    if actual != hdr.data_xxh3:\n        raise ChecksumError(\"data\"",
      "    if False:\n        raise ChecksumError(\"data\"", "stored-data checksum not compared"),
-    ("F-5.2", "kvformat/_format.py", "    if len(data) != hdr.data_bytes:\n        raise TruncatedError(\"data\"",
+    ("F-5.2", "kvformat/format/_block.py", "    if len(data) != hdr.data_bytes:\n        raise TruncatedError(\"data\"",
      "    if False:\n        raise TruncatedError(\"data\"", "stored-data length not compared"),
-    ("F-5.5", "kvformat/_format.py", "        if out is not None:\n            invalidate(out)\n",
+    ("F-5.5", "kvformat/format/_block.py", "        if out is not None:\n            invalidate(out)\n",
      "        pass\n", "verify_data does not zero the destination"),
-    ("F-5.5", "kvformat/_format.py",
+    ("F-5.5", "kvformat/format/_block.py",
      "    out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))",
      "    pass", "invalidate() is a no-op"),
-    ("F-5.5", "kvformat/_read.py", "        invalidate(dst)  # F-5.5: never leave partly read",
+    ("F-5.5", "kvformat/format/_read.py", "        invalidate(dst)  # F-5.5: never leave partly read",
      "        pass  # F-5.5: never leave partly read", "the read pipeline does not zero on failure"),
-    ("odirect", "kvformat/_read.py",
+    ("odirect", "kvformat/format/_read.py",
      "        if not self.o_direct:\n            return _read_exact(self.fd, dst, offset)",
      "        if True:\n            return _read_exact(self.fd, dst, offset)", "the O_DIRECT branch never runs"),
 ]
@@ -112,14 +113,14 @@ HAND = [
 # Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
 # mutated statement's first line. Reported as "equivalent", not as survivors.
 EQUIVALENT = {
-    ("kvformat/_header_json.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
+    ("kvformat/format/_header_json.py", 'raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout '
                             '{layout.payload_bytes}")'):
         "the layout is built from the same tensor table: F-4.7 ties each tensor's bytes to its shape, F-4.8 "
         "tiles them from 0, F-4.9 fixes the first dimension, so the totals cannot differ",
-    ("kvformat/_format.py", "if out is not None:"):
+    ("kvformat/format/_block.py", "if out is not None:"):
         "every caller that passes an out zeroes it itself on any failure (read_payload_from's and decode's "
         "except clauses, both pinned by their own mutants), so verify_data's zeroing is a second one",
-    ("kvformat/_read.py", 'raise TruncatedError("header", end, size)'):
+    ("kvformat/format/_read.py", 'raise TruncatedError("header", end, size)'):
         "decode_header raises the same TruncatedError('header', end, size) on the short buffer; the only "
         "difference is one read of at most MAX_HEADER_BYTES (F-8.1 is checked first)",
 }

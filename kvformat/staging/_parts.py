@@ -14,7 +14,7 @@ from ._cuda import after_compute, on_stream, sync_point
 if TYPE_CHECKING:
     import torch
 
-    from .._spec import CanonicalLayout
+    from ..format._spec import CanonicalLayout
     from ._placement import RankPlacement
     from ._row import SharedRow
 

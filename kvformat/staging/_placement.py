@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._layout_types import cp_canonical_token
-from .._spec import CanonicalLayout
+from ..layout._types import cp_canonical_token
+from ..format._spec import CanonicalLayout
 from ..errors import StagingError
 
 __all__ = ["RankPlacement"]

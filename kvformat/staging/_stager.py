@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .._paths import block_relpath
-from .._spec import BlockKey, CanonicalLayout, Provenance
+from ..format._paths import block_relpath
+from ..format._spec import BlockKey, CanonicalLayout, Provenance
 from ..errors import LayoutMismatchError, StagingConflictError, StagingError
 from ._cuda import after_compute, on_stream, sync_point
 from ._parts import PartCopies

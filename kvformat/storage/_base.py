@@ -24,9 +24,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
-from .._format import as_bytes_view, encode
-from .._read import BytesSource, FileSource, read_header_from, read_payload_from
-from .._spec import (
+from ..format._block import as_bytes_view, encode
+from ..format._read import BytesSource, FileSource, read_header_from, read_payload_from
+from ..format._spec import (
     FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout, Provenance,
     block_relpath, namespace_doc,
 )

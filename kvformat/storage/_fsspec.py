@@ -27,9 +27,9 @@ import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from .._read import BytesSource
-from .._write import TMP_PREFIX
-from .._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from ..format._read import BytesSource
+from ..format._write import TMP_PREFIX
+from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
 from ._base import Store, StoreEntry
 from ._batch import BatchRunner
 from ._exists import ExistsCache

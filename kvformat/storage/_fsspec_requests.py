@@ -11,9 +11,9 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from .._header import header_length
-from .._read import FIRST_READ, BytesSource
-from .._write import temp_name
+from ..format._header import header_length
+from ..format._read import FIRST_READ, BytesSource
+from ..format._write import temp_name
 from ..errors import KVFormatError
 from ._s3 import s3_head
 

@@ -10,10 +10,10 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from .._files import iter_files
-from .._read import _O_DIRECT, FileSource
-from .._write import TMP_PREFIX, temp_writer_gone, write_atomic
-from .._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from ..format._files import iter_files
+from ..format._read import _O_DIRECT, FileSource
+from ..format._write import TMP_PREFIX, temp_writer_gone, write_atomic
+from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
 from ..errors import KVFormatError
 from ._base import Store, StoreEntry
 

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .. import _format
-from .._header import encode_header, xxh3_hex
-from .._write import TMP_PREFIX
-from .._paths import block_relpath
-from .._spec import BlockKey, CanonicalLayout
+from ..format import _block as _format
+from ..format._header import encode_header, xxh3_hex
+from ..format._write import TMP_PREFIX
+from ..format._paths import block_relpath
+from ..format._spec import BlockKey, CanonicalLayout
 from ..errors import ChecksumError, CodecError, KVFormatError, LayoutMismatchError, TruncatedError
 from ..storage import LocalStore, Store
 

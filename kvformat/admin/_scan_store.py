@@ -1,0 +1,139 @@
+"""The scan of a store (remote roots): batched header rounds, payload rounds bounded in bytes held."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, block_path_parts
+from ..format._placement import placement_error
+from ._scan_stats import NamespaceStats, ProgressSink
+from ..format._spec import BlockHeader, layout_from_namespace_doc
+from ..errors import KVFormatError
+from ..storage import Store, StoreEntry
+
+# Objects per header round, and payload bytes held in memory per verify round (remote stores).
+_BATCH = 256
+_VERIFY_BATCH_BYTES = 256 << 20
+
+
+def _chunks(entries: Sequence[StoreEntry], n: int) -> Iterator[Sequence[StoreEntry]]:
+    for i in range(0, len(entries), n):
+        yield entries[i:i + n]
+
+
+def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]:
+    return store.read_headers_many(rels, verify=True)  # batched and concurrent on remote stores
+
+
+def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
+    many = getattr(store, "read_many_into", None)
+    if many is not None:
+        got: list[BlockHeader | BaseException] = many(items, verify=True)
+        return got
+    out: list[BlockHeader | BaseException] = []
+    for r, buf, _ in items:
+        try:
+            out.append(store.read_into(r, buf, verify=True))
+        except (KVFormatError, OSError) as e:
+            out.append(e)
+    return out
+
+
+def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
+               progress: ProgressSink | None = None, ignored: list[dict[str, str]] | None = None,
+               ) -> tuple[list[NamespaceStats], list[tuple[str, KVFormatError]]]:
+    """Every block file's header under ``prefix`` (every payload too with ``verify``), per namespace.
+
+    As for local roots, only objects at a block path inside a namespace (one holding namespace.json)
+    are checked, each exactly as a load checks it (key and namespace against its path); others are
+    appended to ``ignored``.
+
+    Objects removed since the listing are skipped; a transport failure (server down, timeout) raises
+    its OSError (exit 2), since a partial pass must not read as "all good".
+    """
+    accs: dict[str, NamespaceStats] = {}
+    bad: list[tuple[str, KVFormatError]] = []
+    entries = []
+    for e in store.list(prefix):
+        if block_path_parts(e.relpath) is None:  # no load ever opens it
+            if ignored is not None:
+                ignored.append({"path": f"{store.root}/{e.relpath}",
+                                "why": f"not a block path ({BLOCK_PATH_HELP}): not checked"})
+            continue
+        entries.append(e)  # checked even outside a namespace; only verify_url decides what may move
+    if progress is not None:
+        progress.add_total(len(entries), sum(e.size for e in entries))
+
+    def ok(e: StoreEntry, h: BlockHeader) -> None:
+        acc = _acc(e)
+        if acc.layout is None:
+            acc.layout = h.layout
+        acc.tps[h.provenance.tp] += 1
+        acc.raw += h.raw_bytes
+        acc.data += h.data_bytes
+
+    def fail(e: StoreEntry, err: KVFormatError) -> None:
+        acc = _acc(e)
+        acc.corrupt += 1
+        acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
+        bad.append((e.relpath, err))
+
+    def _acc(e: StoreEntry) -> NamespaceStats:
+        ns = e.relpath.split("/", 1)[0]
+        acc = accs.get(ns) or accs.setdefault(ns, NamespaceStats(ns))
+        acc.files += 1
+        acc.bytes += e.size
+        acc.add_time(e.mtime)
+        return acc
+
+    def sort(e: StoreEntry, r: Any) -> bool:
+        """True when ``r`` is a header of a file in its place; records a bad file; raises a transport error."""
+        if isinstance(r, FileNotFoundError):
+            return False  # removed since the listing (gc, a tier quarantining it)
+        if isinstance(r, KVFormatError):
+            fail(e, r)
+            return False
+        if isinstance(r, BaseException):
+            raise r
+        err = placement_error(e.relpath, r)
+        if err is not None:
+            fail(e, err)
+            return False
+        if progress is not None and not verify:
+            progress.update(e.size)
+        return True
+
+    for chunk in _chunks(entries, _BATCH):
+        # sort() keeps only entries whose header read gave a BlockHeader
+        good: list[tuple[Any, BlockHeader]] = [
+            (e, h) for e, h in zip(chunk, _headers(store, [e.relpath for e in chunk]))
+            if sort(e, h) and isinstance(h, BlockHeader)]
+        if not verify:
+            for e, h in good:
+                ok(e, h)
+            continue
+        while good:  # payload rounds bounded in bytes held at once
+            take, held = 0, 0
+            while take < len(good) and (take == 0 or held + good[take][1].raw_bytes <= _VERIFY_BATCH_BYTES):
+                held += good[take][1].raw_bytes
+                take += 1
+            part, good = good[:take], good[take:]
+            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part])
+            for (e, _), r in zip(part, res):
+                if sort(e, r) and isinstance(r, BlockHeader):
+                    ok(e, r)
+                if progress is not None:
+                    progress.update(e.size)
+    if prefix:
+        accs.setdefault(prefix, NamespaceStats(prefix))
+    else:  # empty namespaces still show up
+        for ns in getattr(store, "_namespace_dirs", lambda: [])():
+            accs.setdefault(ns, NamespaceStats(ns))
+    for acc in accs.values():
+        if acc.layout is None:
+            try:
+                acc.layout = layout_from_namespace_doc(store.read_bytes(f"{acc.namespace}/{NAMESPACE_FILE}"))
+            except (FileNotFoundError, ValueError):
+                pass
+    return [accs[k] for k in sorted(accs)], bad

@@ -1,0 +1,134 @@
+"""``kvformat verify``: check every file as a load would, on kvformat and legacy trees alike.
+
+The report is a plain dict (the ``--json`` document, schema in ``_schema.VERIFY_SCHEMA``). Exit code:
+2 when the pass was incomplete (an unreadable file, a malformed config.json, a legacy layout that
+needs ``--page-bytes``, a quarantine move that failed), else 1 when a bad file was found, else 0.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..format._io import read_header, read_into
+from ..format._paths import block_path_parts
+from ..format._placement import placement_error
+from ..errors import KVFormatError
+from ..legacy._rows import is_legacy_root
+from ..storage import LocalStore
+from ..admin._scan import ProgressSink, find_store_root, namespace_dirs, os_error_text, scan_root
+from ._inspect import inspect_legacy, inspect_legacy_file, legacy_file_namespace
+from ._util import UsageError
+
+_NO_QUARANTINE_LEGACY = "--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by"
+
+
+def _report(path: str) -> dict[str, Any]:
+    return {"command": "verify", "path": path, "checked": 0, "bad": [], "unreadable": [], "errors": [],
+            "quarantined": [], "quarantine_failed": [], "ignored": [], "exit_code": 0}
+
+
+def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_bytes: int | None = None,
+                progress: ProgressSink | None = None) -> dict[str, Any]:
+    """Verify a file, a namespace, a kvformat root, a legacy root (or a root holding both) or a URL."""
+    if "://" in path:
+        from ._remote import verify_url
+
+        rep = verify_url(path, quarantine=quarantine, progress=progress)
+        return _finish(rep)
+    rep = _report(path)
+    targets: list[tuple[str, str, str]] = []  # (store root, relpath, reason) of files that may be quarantined
+    if os.path.isfile(path):
+        hit = legacy_file_namespace(path) if path.endswith(".bin") else None
+        if hit is not None:
+            if quarantine:
+                raise UsageError(_NO_QUARANTINE_LEGACY)
+            try:
+                d = inspect_legacy_file(*hit, verify=True, page_bytes=page_bytes)
+            except OSError as e:
+                rep["unreadable"].append({"path": path, "error": os_error_text(e)})
+                return _finish(rep)
+            rep["checked"] = 1
+            if d["error"]:
+                if d["row"] is None:  # no layout: nothing was checked
+                    rep["errors"].append({"path": path, "message": d["error"]["message"]})
+                else:
+                    rep["bad"].append({"path": path, "reason": d["error"]["reason"],
+                                       "message": d["error"]["message"]})
+            return _finish(rep)
+        root, rel = find_store_root(path)
+        in_ns = block_path_parts(rel) is not None and rel.split("/", 1)[0] in namespace_dirs(root)
+        rep["checked"] = 1
+        try:
+            hdr = read_header(path, verify=True)
+            err = placement_error(rel, hdr) if in_ns else None
+            if err is None:
+                read_into(path, bytearray(hdr.raw_bytes), verify=True)
+        except KVFormatError as e:
+            err = e
+        except OSError as e:
+            rep["unreadable"].append({"path": path, "error": os_error_text(e)})
+            return _finish(rep)
+        if err is not None:
+            rep["bad"].append({"path": path, "reason": err.reason, "message": err.message})
+            if in_ns:
+                targets.append((root, rel, err.reason))
+        if not in_ns:
+            rep["ignored"].append({"path": path, "why": "not a block file inside a kvformat namespace: placement "
+                                   "not checked, never quarantined"})
+    elif os.path.isdir(path):
+        root, prefix = find_store_root(path)
+        if "/" in prefix:
+            raise UsageError(f"{path}: a directory inside a namespace; give the root, the namespace or a file")
+        legacy = not prefix and is_legacy_root(path)
+        kv = bool(prefix) or bool(namespace_dirs(root))
+        if not legacy and not kv:
+            raise UsageError(f"{path}: not a kvformat root, namespace or legacy vLLM fs-tier root (no "
+                             "<namespace>/namespace.json or <model>_<digest>/config.json under it): nothing to verify")
+        if legacy and quarantine and not kv:
+            raise UsageError(_NO_QUARANTINE_LEGACY)
+        if kv:
+            res = scan_root(root, prefix, verify=True, jobs=jobs, progress=progress)
+            rep["checked"] += sum(x.files for x in res.accs)
+            rep["ignored"] += [{"path": i.path, "why": i.why} for i in res.ignored]
+            for rel, err in res.bad:
+                rep["bad"].append({"path": os.path.join(root, rel), "reason": err.reason, "message": err.message})
+                if rel.split("/", 1)[0] in res.namespaces:
+                    targets.append((root, rel, err.reason))
+                elif quarantine:
+                    rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "
+                                           "(no regular namespace.json): never quarantined"})
+            rep["unreadable"] += [{"path": os.path.join(root, r), "error": os_error_text(e)} for r, e in res.unreadable]
+        if legacy:
+            d = inspect_legacy(path, verify=True, page_bytes=page_bytes, progress=progress)
+            rep["checked"] += d["totals"]["files"]
+            rep["ignored"] += d["ignored"]
+            rep["errors"] += d["errors"]
+            rep["unreadable"] += d["unreadable"]
+            for n in d["namespaces"]:
+                rep["bad"] += n["bad_files"]
+                if n["legacy"]["error"]:
+                    rep["errors"].append({"path": os.path.join(path, n["namespace"]), "message": n["legacy"]["error"]})
+            if quarantine and any(n["bad_files"] for n in d["namespaces"]):
+                rep["ignored"].append({"path": path, "why": "legacy files are never quarantined (no checksum to "
+                                       "quarantine by)"})
+    else:
+        raise UsageError(f"{path}: no such file or directory")
+    if quarantine:
+        for root, rel, reason in targets:
+            try:
+                new = LocalStore(root).quarantine(rel, reason)
+            except OSError as e:  # a read-only tree: keep the report, say what was not moved
+                rep["quarantine_failed"].append({"path": os.path.join(root, rel), "error": os_error_text(e)})
+                continue
+            if new:
+                rep["quarantined"].append(os.path.join(root, new))
+    return _finish(rep)
+
+
+def _finish(rep: dict[str, Any]) -> dict[str, Any]:
+    if rep["unreadable"] or rep["errors"] or rep["quarantine_failed"]:
+        rep["exit_code"] = 2
+    else:
+        rep["exit_code"] = 1 if rep["bad"] else 0
+    return rep

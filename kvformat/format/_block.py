@@ -1,0 +1,154 @@
+"""Encode a payload into file parts, decode file bytes into a caller's buffer. No file I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _codec
+from ._header import _hxxh3_pos as header_checksum_pos
+from ._header import check_layout, decode_header, encode_header, xxh3_hex
+from ._consts import parse_uint
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
+from ..errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
+
+
+def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
+    """A flat unsigned-byte memoryview over bytes, bytearray, memoryview, mmap, numpy array or CPU tensor."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch.Tensor: torch only when given one
+        from ..torch import tensor_bytes
+
+        obj = tensor_bytes(obj)
+    mv = memoryview(obj)
+    if writable and mv.readonly:
+        raise ValueError("the destination buffer is read-only")
+    if not mv.c_contiguous:
+        raise ValueError("expected a contiguous buffer")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
+           codec: str = "none", level: int = 3) -> tuple[bytes, memoryview | bytes]:
+    """Return ``(header_region, data)``; the file is their concatenation.
+
+    ``data`` is ``payload`` itself (no copy) when uncompressed, else the zstd frame.
+    """
+    hdr, data, _ = encode_block(payload, layout, key, provenance=provenance, codec=codec, level=level)
+    return hdr, data
+
+
+def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
+                 codec: str = "none", level: int = 3,
+                 payload_xxh3: int | None = None) -> tuple[bytes, memoryview | bytes, BlockHeader]:
+    """:func:`encode` plus the :class:`BlockHeader` it wrote (built from what was encoded, not re-parsed).
+
+    ``payload_xxh3``: the xxh3-64 of ``payload`` when the caller has just computed it over these same
+    bytes (the tier's replica check does), so the payload is not hashed twice.
+    """
+    mv = as_bytes_view(payload)
+    if len(mv) != layout.payload_bytes:
+        raise LayoutMismatchError("payload_bytes", layout.payload_bytes, len(mv))
+    raw = xxh3_hex(mv) if payload_xxh3 is None else f"{payload_xxh3:016x}"
+    if codec == "none":
+        data: memoryview | bytes = mv
+        dx = raw
+    elif codec == "zstd":
+        parse_uint("kvf.level", level, maximum=22)  # refuse before spending time compressing
+        data = _codec.compress(mv, level)
+        dx = xxh3_hex(data)
+    else:
+        raise SchemaError("codec", f"expected none or zstd, got {codec!r}")
+    prov = provenance or Provenance()
+    lvl = level if codec != "none" else None
+    hdr = encode_header(layout, key, prov, codec=codec, data_bytes=len(data), data_xxh3=dx, raw_xxh3=raw, level=lvl)
+    pos = header_checksum_pos(hdr)
+    info = BlockHeader(version=layout.version, layout=layout, key=key, provenance=prov, codec=codec,
+                       data_offset=len(hdr), data_bytes=len(data), raw_bytes=layout.payload_bytes,
+                       header_xxh3=hdr[pos:pos + 16].decode(), data_xxh3=dx, raw_xxh3=raw, level=lvl)
+    return hdr, data, info
+
+
+def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockKey | None) -> None:
+    """F-9.1 and F-9.2: the file is the layout and block the caller expects (LayoutMismatchError)."""
+    if expect is not None:
+        check_layout(hdr.layout, expect)
+    if key is not None and key != hdr.key:
+        raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())  # F-9.2
+
+
+def _check_stored(hdr: BlockHeader, data: Any) -> None:
+    """F-3.4 and F-5.2: the stored bytes are all there and hash to kvf.dxxh3."""
+    if len(data) != hdr.data_bytes:
+        raise TruncatedError("data", hdr.data_bytes, len(data))
+    actual = xxh3_hex(data)
+    if actual != hdr.data_xxh3:
+        raise ChecksumError("data", hdr.data_xxh3, actual)
+
+
+def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None, *, stored_checked: bool = False) -> None:
+    """Check stored data (and decode it into ``out`` when compressed).
+
+    On any failure ``out`` is zero-filled (explicitly invalidated, F-5.5) before the error is raised.
+    ``stored_checked`` skips the kvf.dxxh3 check when the caller has just done it.
+    """
+    try:
+        if not stored_checked:
+            _check_stored(hdr, data)
+        if hdr.codec != "none" and out is not None:
+            _codec.decompress_into(data, out)  # F-6.3, F-6.4
+            actual = xxh3_hex(out)
+            if actual != hdr.raw_xxh3:
+                raise ChecksumError("raw", hdr.raw_xxh3, actual)  # F-5.3
+    except Exception:
+        if out is not None:
+            invalidate(out)
+        raise
+
+
+def invalidate(out: memoryview) -> None:
+    """Zero-fill ``out`` (F-5.5)."""
+    out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))
+
+
+def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
+           verify: bool = True) -> tuple[BlockHeader, memoryview]:
+    """Decode a whole file held in memory.
+
+    Returns ``(header, payload)``. With ``out`` the payload is written there and ``payload`` is a view
+    of ``out``; without it, an uncompressed payload is a zero-copy view of ``buf`` (valid as long as
+    ``buf`` is) and a compressed one a fresh bytearray.
+    """
+    mv = as_bytes_view(buf)
+    hdr = decode_header(mv, file_bytes=len(mv), verify=verify)
+    check_expected(hdr, expect, key)
+    data = mv[hdr.data_offset:hdr.file_bytes]
+    dst = as_bytes_view(out, writable=True) if out is not None else None
+    if dst is not None and len(dst) < hdr.raw_bytes:
+        # The file, not the caller, decides the size: a bad file must raise a kvformat error.
+        raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)
+    if dst is not None:
+        dst = dst[:hdr.raw_bytes]
+    if hdr.codec == "none":
+        if verify:
+            verify_data(hdr, data, None)
+        if dst is None:
+            return hdr, data
+        dst[:] = data
+        return hdr, dst
+    if dst is None:
+        if verify:  # a corrupt frame is refused before the payload-sized allocation
+            _check_stored(hdr, data)
+        dst = memoryview(bytearray(hdr.raw_bytes))
+        if verify:
+            verify_data(hdr, data, dst, stored_checked=True)
+        else:
+            _codec.decompress_into(data, dst)
+        return hdr, dst
+    try:
+        if verify:
+            verify_data(hdr, data, dst)
+        else:
+            _codec.decompress_into(data, dst)
+    except BaseException:
+        invalidate(dst)  # F-5.5 with verify off too: a frame that fails half-way leaves nothing behind
+        raise
+    return hdr, dst

@@ -1,0 +1,55 @@
+"""The zstd codec (spec §6). Bytes in, bytes out; never opens files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CodecError
+
+_zstd: Any = None
+
+
+def _mod() -> Any:
+    global _zstd
+    if _zstd is None:
+        try:
+            import zstandard
+        except ImportError as e:  # pragma: no cover - a hard dependency, kept lazy for import time
+            raise ImportError("kvformat compression needs zstandard: pip install zstandard") from e
+        _zstd = zstandard
+    return _zstd
+
+
+def compress(payload: Any, level: int = 3) -> bytes:
+    """One zstd frame with the content size in its header (§6)."""
+    z = _mod()
+    frame: bytes = z.ZstdCompressor(level=level, write_content_size=True, write_checksum=False).compress(payload)
+    return frame
+
+
+def decompress_into(frame: Any, out: memoryview) -> None:
+    """Decode ``frame`` into ``out``, which must be exactly the decoded size.
+
+    Refuses a frame whose declared content size differs from ``len(out)`` before decoding,
+    so a frame lying about its size can never write past ``out`` or allocate more.
+    """
+    z = _mod()
+    try:
+        declared = z.frame_content_size(frame)
+    except z.ZstdError as e:
+        raise CodecError(f"not a zstd frame: {e}") from None
+    if declared != len(out):
+        raise CodecError(f"zstd frame declares {declared} decoded bytes, the layout needs {len(out)}")  # F-6.3
+    try:
+        reader = z.ZstdDecompressor().stream_reader(frame, read_across_frames=False, closefd=False)
+        got = 0
+        while got < len(out):
+            n = reader.readinto(out[got:])
+            if n == 0:
+                break
+            got += n
+        extra = reader.read(1)
+    except z.ZstdError as e:
+        raise CodecError(f"zstd frame does not decode: {e}") from None
+    if got != len(out) or extra:
+        raise CodecError(f"zstd frame decoded to {got}{'+' if extra else ''} bytes, expected {len(out)}")  # F-6.4

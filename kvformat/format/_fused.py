@@ -1,0 +1,181 @@
+"""The fused tier paths (kvformat._native): one read / one write per file, the payload hashed in the
+same pass. With the C extension each payload piece is hashed while it is still in cache (no second trip
+through DRAM) and the GIL is released for the whole read or write; without it the same syscalls run from
+Python (one preadv / one pwritev) and python-xxhash hashes the payload. The tier calls these two.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from typing import Any
+
+from ._block import as_bytes_view, check_expected, invalidate
+from ._header import _hxxh3_pos, decode_header
+from ._read import _O_DIRECT, _open_regular
+from ._consts import ALIGNMENT, MAX_HEADER_BYTES
+from ._spec import BlockHeader, BlockKey, CanonicalLayout
+from ._write import TempFile, publish, temp_name
+from ..errors import ChecksumError, KVFormatError, TruncatedError
+
+_DXXH3_FIELD = b'"kvf.dxxh3":"'
+
+
+def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
+                    key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
+    """:func:`read_into` with header and payload in ONE read and the payload hashed as it lands.
+
+    The header region's size is guessed as (file size - payload size), exact for every uncompressed
+    file of ``expect``'s layout. Unlike :func:`read_into`, ``out`` is written before the header is
+    checked: on any kvformat error it is zero-filled (never left holding the file's bytes), so it suits
+    a caller for which any failure is a miss (the tier), not one that needs ``out`` untouched on a
+    layout mismatch. Anything the guess does not fit (compressed files, other layouts) takes
+    :func:`read_into`. ``o_direct``: the same one read through an O_DIRECT descriptor when ``out`` is
+    page-aligned and the payload a whole number of pages (else, or where the filesystem refuses it,
+    buffered). Raises what :func:`read_into` raises.
+    """
+    from . import _io, _native  # _io: the general read, for files the guess does not fit
+
+    p = os.fspath(path)
+    dst = as_bytes_view(out, writable=True)
+    raw = expect.payload_bytes if expect is not None else len(dst)
+    direct = o_direct and _O_DIRECT and raw % ALIGNMENT == 0 and raw <= len(dst) and _addr(dst) % ALIGNMENT == 0
+    fd = _open_direct(p) if direct else _open_regular(p)
+    touched = False
+    try:
+        size = os.fstat(fd).st_size
+        guess = size - raw
+        if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
+            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
+        head = _head_buffer(guess) if direct else bytearray(guess)
+        body = dst[:raw]
+        try:
+            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL:
+                raise
+            os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
+            fd = _open_regular(p)
+            direct = False
+            head = bytearray(guess)
+            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+        touched = dgot > 0
+        hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
+        check_expected(hdr, expect, key)
+        if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
+            invalidate(body)
+            touched = False
+            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
+        if dgot != hdr.data_bytes:  # the file shrank under us
+            raise TruncatedError("data", hdr.data_bytes, dgot)
+        if verify:
+            actual = f"{digest:016x}"
+            if actual != hdr.data_xxh3:
+                raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
+        return hdr
+    except KVFormatError as e:
+        if touched:
+            invalidate(dst[:raw])  # F-5.5: wrong bytes never stay in the destination
+        raise e.with_path(p) from None  # the same error, now naming its file
+    except BaseException:
+        if touched:
+            invalidate(dst[:raw])
+        raise
+    finally:
+        os.close(fd)
+
+
+_HEADS = threading.local()  # per-thread page-aligned header buffers for O_DIRECT reads (no mmap per read)
+
+
+def _head_buffer(n: int) -> memoryview:
+    bufs = _HEADS.__dict__.setdefault("bufs", {})
+    if n not in bufs:
+        import mmap
+
+        bufs[n] = memoryview(mmap.mmap(-1, n))  # anonymous mappings are page-aligned
+    buf: memoryview = bufs[n]
+    return buf
+
+
+def _addr(mv: memoryview) -> int:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv)) if len(mv) else 0
+
+
+def _open_direct(p: str) -> int:
+    """:func:`_open_regular` with O_DIRECT; a filesystem that refuses O_DIRECT at open gets the plain open."""
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | _O_DIRECT)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return _open_regular(p)
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return _open_regular(p)  # it raises the right error for a directory or a FIFO
+    return fd
+
+
+def _addr_ro(mv: memoryview) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
+
+
+def _open_new(tmp: str, flags: int, direct: bool) -> int:
+    if direct:
+        try:
+            return os.open(tmp, flags | _O_DIRECT, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    return os.open(tmp, flags, 0o644)
+
+
+def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = False,
+                      overwrite: bool = True, o_direct: bool = False) -> tuple[bool, str]:
+    """Write one uncompressed kvformat file atomically, hashing the payload in the same pass.
+
+    ``header`` is the header region as :func:`encode_block` makes it with ``payload_xxh3=0``: its
+    ``kvf.dxxh3`` digits are patched with the payload's xxh3 (and ``kvf.hxxh3`` recomputed) in the
+    write itself, so the payload is read once. Publishing is :func:`write_atomic`'s (temp file, then
+    rename or, with ``overwrite=False``, link: first writer wins); the parent directory is created only
+    when the temp file cannot be (it exists on every write but the first of a directory).
+
+    ``o_direct``: write through an O_DIRECT descriptor (the page cache is bypassed, as the built-in
+    vLLM tier does) when the payload is page-aligned and a whole number of pages; buffered otherwise or
+    where the filesystem refuses it.
+
+    Returns ``(written, payload xxh3 as 16 hex)``; ``written`` is False when ``overwrite`` is False
+    and ``path`` exists.
+    """
+    from . import _native
+
+    dpos = header.index(_DXXH3_FIELD) + len(_DXXH3_FIELD)
+    hpos = _hxxh3_pos(header)
+    d = os.path.dirname(path) or "."
+    tmp = os.path.join(d, temp_name())
+    body = as_bytes_view(payload)
+    direct = bool(o_direct and _O_DIRECT and len(body) % ALIGNMENT == 0 and _addr_ro(body) % ALIGNMENT == 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = _open_new(tmp, flags, direct)
+    except FileNotFoundError:
+        os.makedirs(d, exist_ok=True)
+        fd = _open_new(tmp, flags, direct)
+    with TempFile(tmp, fd) as t:
+        try:
+            dh, _ = _native.pwrite_hash(t.fd, header, body, dpos, hpos)
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL:
+                raise
+            os.close(t.fd)  # O_DIRECT refused at write time: the same write, buffered
+            t.fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
+            dh, _ = _native.pwrite_hash(t.fd, header, body, dpos, hpos)
+        if fsync:
+            os.fsync(t.fd)
+    return publish(tmp, path, d, overwrite=overwrite, fsync=fsync), f"{dh:016x}"

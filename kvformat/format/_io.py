@@ -1,0 +1,144 @@
+"""The public file API of the format: :func:`save_file`, :func:`read_header`, :func:`read_into`,
+:func:`load_file`, :func:`open_block`. The work is done by :mod:`._write` (atomic publication),
+:mod:`._read` (the one read pipeline) and :mod:`._fused` (the tier's one-syscall paths); :mod:`._files`
+holds the torch-free helpers for untrusted trees.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping
+
+from ._block import decode, encode_block
+from ._read import FileSource, read_header_from, read_payload_from
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
+from ._write import write_atomic as write_atomic  # also legacy's
+from ..errors import KVFormatError
+
+# Homes elsewhere; named here for modules that import them from this one (the tier's row engine, legacy).
+from ._files import is_regular_file as is_regular_file  # noqa: F401
+from ..errors import UnsafeFileError as UnsafeFileError  # noqa: F401
+from ._files import read_small_file as read_small_file  # noqa: F401
+from ._fused import read_into_fused as read_into_fused, write_block_fused as write_block_fused  # noqa: F401
+
+
+def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
+    if isinstance(payload, Mapping):  # {layer name: tensor}: kvformat.torch checks and assembles it
+        from ..torch import payload_from_tensors
+
+        return payload_from_tensors(payload, layout)
+    return payload
+
+
+def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayout, key: BlockKey, *,
+              provenance: Provenance | None = None, codec: str = "none", level: int = 3,
+              fsync: bool = False) -> BlockHeader:
+    """Write one kvformat file atomically.
+
+    Parameters
+    ----------
+    payload: the canonical payload (bytes-like, CPU tensor, or ``{layer name: tensor}``).
+    path: destination file.
+    layout, key: what the payload is (the header records both).
+    provenance: who wrote it (informational).
+    codec, level: ``"none"`` or ``"zstd"`` and its level.
+    fsync: fsync the file and its directory before returning.
+
+    Returns
+    -------
+    The header written.
+
+    Raises
+    ------
+    LayoutMismatchError if the payload size does not match ``layout``; OSError from the filesystem.
+    """
+    prov = provenance or Provenance(writer=_writer(), created=int(time.time()))
+    hdr, data, info = encode_block(_as_payload(payload, layout), layout, key, provenance=prov, codec=codec,
+                                   level=level)
+    write_atomic(os.fspath(path), [hdr, data], fsync=fsync)
+    return info
+
+
+def _writer() -> str:
+    from .. import __version__
+
+    return f"kvformat {__version__}"
+
+
+def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHeader:
+    """Read and check a file's header only (no payload read).
+
+    Raises a KVFormatError subclass for a bad header (with ``path`` set); OSError passes through.
+    """
+    p = os.fspath(path)
+    try:
+        with FileSource(p) as src:
+            return read_header_from(src, verify)
+    except KVFormatError as e:
+        raise e.with_path(p) from None  # the same error, now naming its file
+
+
+def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
+              key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
+    """Read a file's payload straight into ``out`` (memoryview, mmap slice, bytearray, CPU tensor).
+
+    The header is checked (and against ``expect``/``key`` when given) before ``out`` is touched.
+    Any failure after that (checksum, zstd frame, short read, with or without ``verify``) zero-fills
+    ``out[:payload_bytes]`` before raising: wrong bytes never stay in the destination. ``o_direct``
+    reads page-aligned parts with O_DIRECT on the same descriptor when the filesystem allows it
+    (falls back to buffered reads otherwise).
+
+    Returns the header. Raises KVFormatError subclasses (``path`` set); OSError passes through.
+    """
+    p = os.fspath(path)
+    try:
+        with FileSource(p, o_direct=o_direct) as src:
+            return read_payload_from(src, out, expect=expect, key=key, verify=verify)
+    except KVFormatError as e:
+        raise e.with_path(p) from None  # the same error, now naming its file
+
+
+def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
+              verify: bool = True) -> dict[str, Any]:
+    """safetensors-style: ``{layer name: torch.Tensor}`` of shape ``(blocks_per_chunk, *layer.shape)``.
+
+    Packed dtypes come back as uint8 (the header's ``kv_dtype`` says what they hold).
+    """
+    from ..torch import empty_payload, tensors_from_payload
+
+    hdr = read_header(path, verify=False)
+    buf = empty_payload(hdr.raw_bytes)
+    hdr = read_into(path, buf, expect=expect, key=key, verify=verify)
+    return tensors_from_payload(buf, hdr.layout)
+
+
+class BlockFile:
+    """An open kvformat file: ``header`` now, payload on demand. Use as a context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        self.path = os.fspath(path)
+        self._verify = verify
+        self.header = read_header(self.path, verify=verify)
+
+    def read_into(self, out: Any, **kw: Any) -> BlockHeader:
+        """See :func:`kvformat.read_into`."""
+        return read_into(self.path, out, verify=self._verify, **kw)
+
+    def tensors(self) -> dict[str, Any]:
+        """See :func:`kvformat.load_file`."""
+        return load_file(self.path, verify=self._verify)
+
+    def __enter__(self) -> "BlockFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def open_block(path: str | os.PathLike[str], *, verify: bool = True) -> BlockFile:
+    """Open a kvformat file and check its header. See :class:`BlockFile`."""
+    return BlockFile(path, verify=verify)
+
+
+_ = decode  # decode(bytes) is the in-memory twin of read_into

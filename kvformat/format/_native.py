@@ -1,0 +1,108 @@
+"""The optional C extension (``kvformat.format._kvfnative``) behind one API, with pure-Python fallbacks.
+
+``HAVE_NATIVE`` says which ran. ``KVFORMAT_NO_NATIVE=1`` in the environment forces the fallback (CI runs
+both). Every function here has the same results either way; the native one releases the GIL for the
+whole call and hashes each piece of a read or write while it is still in cache.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import xxhash
+
+from ._write import advance_views
+
+PIECE = 256 * 1024  # read/write piece: hashed while it is still in L2 (tools/bench_native.py measures sizes)
+
+_native: Any = None
+if os.environ.get("KVFORMAT_NO_NATIVE") != "1":
+    try:
+        import importlib
+
+        _native = importlib.import_module("kvformat.format._kvfnative")
+    except ImportError:  # not built (no compiler at install time): the fallback below
+        _native = None
+
+HAVE_NATIVE: bool = _native is not None
+
+
+def simd() -> str:
+    """The native hash kernel in use (``"avx2"`` or ``"scalar"``), or ``"python-xxhash"`` without the extension."""
+    return _native.simd() if _native is not None else "python-xxhash"
+
+
+def _py_xxh3_64(data: Any) -> int:
+    """xxh3-64 (seed 0) of a bytes-like object, as an int (python-xxhash)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def _py_pread_hash(fd: int, head: Any, dst: Any, offset: int, *, hash: bool = True,
+                   piece: int = PIECE) -> tuple[int, int, int | None]:
+    head, dst = memoryview(head).cast("B"), memoryview(dst).cast("B")
+    got = 0
+    want = len(head) + len(dst)
+    bufs = [head, dst] if len(head) else [dst]
+    while got < want:  # one preadv for both; loop only on a short read
+        n = os.preadv(fd, bufs, offset + got)
+        if n == 0:
+            break
+        got += n
+        bufs = advance_views(bufs, n)
+    hgot = min(got, len(head))
+    dgot = got - hgot
+    digest = xxhash.xxh3_64_intdigest(dst) if hash and dgot == len(dst) else None
+    return hgot, dgot, digest
+
+
+def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_pos: int, offset: int = 0,
+                    piece: int = PIECE) -> tuple[int, int]:
+    dh = xxhash.xxh3_64_intdigest(payload)
+    hdr = bytearray(header)
+    hdr[dxxh3_pos:dxxh3_pos + 16] = f"{dh:016x}".encode()
+    hdr[hxxh3_pos:hxxh3_pos + 16] = b"0" * 16
+    hh = xxhash.xxh3_64_intdigest(hdr)
+    hdr[hxxh3_pos:hxxh3_pos + 16] = f"{hh:016x}".encode()
+    views = [memoryview(hdr), memoryview(payload).cast("B")]
+    done, total = 0, len(hdr) + len(views[1])
+    while done < total:
+        n = os.pwritev(fd, views, offset + done)
+        done += n
+        views = advance_views(views, n)
+    return dh, hh
+
+
+def _py_copy_runs(dst: Any, src: Any, runs: Any) -> None:
+    import numpy as np
+
+    d, s = memoryview(dst).cast("B"), memoryview(src).cast("B")
+    r = np.frombuffer(runs, dtype=np.int64).reshape(-1, 6)
+    for so, po, nb, cnt, ss, ps in r.tolist():
+        if min(so, po, nb, cnt, ss, ps) < 0 or (cnt and (so + (cnt - 1) * ss + nb > len(s)
+                                                          or po + (cnt - 1) * ps + nb > len(d))):
+            raise ValueError("a copy run lies outside its buffer")
+    for so, po, nb, cnt, ss, ps in r.tolist():
+        for k in range(cnt):
+            d[po + k * ps:po + k * ps + nb] = s[so + k * ss:so + k * ss + nb]
+
+
+if _native is not None:
+    xxh3_64 = _native.xxh3_64
+    pread_hash = _native.pread_hash
+    pwrite_hash = _native.pwrite_hash
+    copy_runs = _native.copy_runs
+else:
+    xxh3_64 = _py_xxh3_64
+    pread_hash = _py_pread_hash
+    pwrite_hash = _py_pwrite_hash
+    copy_runs = _py_copy_runs
+
+_py_pread_hash.__doc__ = ("Fallback of the native pread_hash: one preadv into head and dst, then xxh3 of dst. "
+                          "Returns (head bytes read, dst bytes read, xxh3 of dst or None).")
+_py_pwrite_hash.__doc__ = ("Fallback of the native pwrite_hash: hash the payload, patch both checksums into a copy "
+                           "of the header, one pwritev of header+payload. Returns (dxxh3, hxxh3).")
+
+_py_copy_runs.__doc__ = "Fallback of the native copy_runs: the same checks, then one slice copy per piece."
+
+__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash", "copy_runs"]

@@ -1,0 +1,190 @@
+"""The one read pipeline: header then payload through one source (an open file or fetched bytes), the
+destination zeroed on any failure. Every reader shares it: ``kvformat.read_into`` and every ``Store``."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Any
+
+from ._block import as_bytes_view, check_expected, invalidate, verify_data
+from ._header import decode_header, header_length
+from ._consts import ALIGNMENT
+from ._files import read_exact as _read_exact
+from ._spec import BlockHeader, BlockKey, CanonicalLayout
+from ..errors import LayoutMismatchError, NotKVFormatError, TruncatedError
+
+FIRST_READ = 2 * ALIGNMENT  # a 61-layer header fits here, so most files need one header read
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+class FileSource:
+    """One open, validated regular file that a whole read goes through.
+
+    Header and payload are read through this one descriptor, never by reopening the name: a file
+    renamed over the path, or a FIFO planted there, after validation cannot supply part of a read.
+    ``o_direct`` reads the page-aligned part of a payload with O_DIRECT set on this same descriptor
+    (``fcntl(F_SETFL)``), falling back to buffered reads where the filesystem refuses it.
+    ``direct_bytes`` counts the bytes actually read with O_DIRECT.
+    """
+
+    def __init__(self, path: str, *, o_direct: bool = False) -> None:
+        self.path = path
+        self.fd = _open_regular(path)
+        try:
+            self.size = os.fstat(self.fd).st_size
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.o_direct = o_direct and bool(_O_DIRECT)
+        self.direct_bytes = 0
+
+    def pread(self, offset: int, n: int) -> bytearray:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+        buf = bytearray(max(0, n))
+        got = _read_exact(self.fd, memoryview(buf), offset)
+        del buf[got:]
+        return buf
+
+    def readinto(self, offset: int, dst: memoryview) -> int:
+        """Fill ``dst`` from ``offset``; returns the bytes read (short only at the end of the file)."""
+        if not self.o_direct:
+            return _read_exact(self.fd, dst, offset)
+        import ctypes
+        import fcntl
+
+        aligned = len(dst) - len(dst) % ALIGNMENT
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(dst)) if aligned else 0
+        if not aligned or addr % ALIGNMENT or offset % ALIGNMENT:  # O_DIRECT needs aligned memory and offsets
+            return _read_exact(self.fd, dst, offset)
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | _O_DIRECT)
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # filesystems without O_DIRECT: buffered
+                return _read_exact(self.fd, dst, offset)
+            raise
+        got = -1
+        try:
+            got = _read_exact(self.fd, dst[:aligned], offset)
+            self.direct_bytes += got
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: accepted at fcntl time, refused at read time (some FUSE)
+                raise
+        finally:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)  # the unaligned tail is read buffered
+        if got < 0:
+            got = _read_exact(self.fd, dst[:aligned], offset)
+        if got == aligned and aligned < len(dst):
+            got += _read_exact(self.fd, dst[aligned:], offset + aligned)
+        return got
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "FileSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class BytesSource:
+    """A file, or its first bytes, held in memory (what a remote store fetched).
+
+    ``size`` is the object's full size when ``buf`` holds only a prefix of it (a ranged header read).
+    """
+
+    def __init__(self, buf: Any, size: int | None = None) -> None:
+        self._mv = as_bytes_view(buf)
+        self.size = len(self._mv) if size is None else int(size)
+        self.path = ""
+
+    def pread(self, offset: int, n: int) -> memoryview:
+        """Up to ``n`` held bytes at ``offset`` (no copy)."""
+        return self._mv[offset:offset + max(0, n)]
+
+    def readinto(self, offset: int, dst: memoryview) -> int:
+        """Copy held bytes from ``offset`` into ``dst``; returns how many."""
+        src = self._mv[offset:offset + len(dst)]
+        dst[:len(src)] = src
+        return len(src)
+
+    def close(self) -> None:
+        """Drop the reference to the held bytes."""
+        self._mv = memoryview(b"")
+
+    def __enter__(self) -> "BytesSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+Source = FileSource | BytesSource
+
+
+def read_header_from(src: Source, verify: bool = True) -> BlockHeader:
+    """Read and check the header region of ``src`` (spec §11 steps 1-3, F-3.3). The one header reader."""
+    size = src.size
+    first = bytes(src.pread(0, min(FIRST_READ, size)))
+    end = header_length(first)
+    if end > len(first):
+        if end > size:
+            raise TruncatedError("header", end, size)  # F-3.3
+        first += bytes(src.pread(len(first), end - len(first)))
+    return decode_header(first, file_bytes=size, verify=verify)
+
+
+def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
+                      verify: bool = True) -> BlockHeader:
+    """The read pipeline every reader shares (``kvformat.read_into`` and every ``Store``).
+
+    Header, schema, file length, ``expect`` and ``key`` are checked before ``out`` is touched; after
+    that, ANY failure (short read, data checksum, zstd frame with or without ``verify``, decoded
+    checksum, an OSError mid-read) zero-fills ``out[:payload_bytes]`` before raising (F-5.5, G-1.2).
+    """
+    dst = as_bytes_view(out, writable=True)
+    hdr = read_header_from(src, verify)
+    check_expected(hdr, expect, key)
+    if len(dst) < hdr.raw_bytes:
+        raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)  # the file decides: kvformat error
+    dst = dst[:hdr.raw_bytes]
+    try:
+        if hdr.codec == "none":
+            got = src.readinto(hdr.data_offset, dst)
+            if got != hdr.data_bytes:
+                raise TruncatedError("data", hdr.data_bytes, got)
+            if verify:
+                verify_data(hdr, dst, None)  # F-5.2
+        else:
+            data = src.pread(hdr.data_offset, hdr.data_bytes)
+            if verify:
+                verify_data(hdr, data, dst)  # F-5.2, F-6.3, F-6.4, F-5.3
+            else:
+                if len(data) != hdr.data_bytes:
+                    raise TruncatedError("data", hdr.data_bytes, len(data))
+                from . import _codec
+
+                _codec.decompress_into(data, dst)  # F-6.3, F-6.4
+    except BaseException:
+        invalidate(dst)  # F-5.5: never leave partly read or partly decoded bytes behind
+        raise
+    return hdr
+
+
+def _open_regular(p: str) -> int:
+    # O_NONBLOCK: opening a FIFO planted under a block's name must not block a reader forever
+    # (it is a no-op for regular files); anything but a regular file is not a kvformat file.
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):  # an OS error, as a plain read of a directory would give
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
+        raise NotKVFormatError("not a regular file", path=p)
+    return fd

@@ -1,0 +1,370 @@
+"""kvformat as a vLLM (0.33, 0.34) secondary offloading tier: :class:`KVFormatTier`.
+
+Enable it in the tiering config of vLLM's ``OffloadingConnector`` (docs/vllm.md has every parameter)::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 68719476736,
+        "secondary_tiers": [{"type": "KVFormatTier", "module_path": "kvformat.vllm",
+                             "root": "/mnt/kvcache", "max_bytes": "500GiB"}]}}'
+
+What it does, per chunk of the primary (CPU) tier:
+
+* store: exactly ONE canonical copy (the single replicated slot, or slot 0 of a per-worker row after
+  checking every worker slot holds the same bytes), at ``<root>/<namespace>/<h[:2]>/<h[2:4]>/<hash>.kvf``.
+  The namespace is a digest of TP-invariant identity only, so deployments of any TP size and either
+  row layout share files; pipeline/context-parallel rows are assembled from their stages' and DCP ranks'
+  slots into the same payload (docs/layout.md). Existing files are skipped; writes are atomic.
+* load: header and layout checked (fail closed), checksums verified, payload placed into the slot
+  (and copied into every worker slot of a per-worker row). A bad file is a miss, is moved to
+  ``<root>/.quarantine/``, counted, and logged once per reason.
+* capacity: ``max_bytes`` bounds the files under ``root`` (LRU, rebuilt from file mtimes at start-up
+  in a background thread); files being loaded are never evicted; evictions are KV events.
+
+vLLM is imported only by this module (and, inside functions, by kvformat._vllm_facts: the fact extraction).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+# Probe first, so a missing vLLM (or one missing an import-time dependency of its own) says how to fix it.
+try:
+    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics  # noqa: F401
+    import vllm.v1.kv_offload.tiering.async_lookup  # noqa: F401
+except ImportError as _e:
+    raise ImportError(f'kvformat.vllm needs vLLM 0.33 or 0.34 with tiered KV offloading: pip install "kvformat[vllm]" '
+                      f'(import failed: {_e})', name=_e.name) from _e
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+from vllm.v1.kv_offload.base import (
+    Locality, LookupResult, Medium, OffloadingCounterMetadata, OffloadingEvent, OffloadingGaugeMetadata,
+    OffloadingMetricMetadata, OffloadKey, ReqContext, get_offload_block_hash, get_offload_group_idx, make_offload_key,
+)
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.base import (
+    JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
+)
+
+from .. import __version__
+from ..format._paths import block_path_parts
+from ..format._spec import Provenance
+from ._facts import deployment_facts, derive_layout, derive_plans
+from ..cache._config import TierConfig
+from ..cache._lru import LRUIndex
+from ..cache._pool import DualPool
+from ..cache._jobs import CounterReport, Job, JobBook, shutdown_bounded
+from ..cache._rows import RowEngine
+from ..errors import SchemaError
+from ..storage import open_store
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+
+logger = logging.getLogger("kvformat.vllm")
+
+METRIC_PREFIX = "vllm:kv_offload_kvformat_"
+_COUNTER_DOCS = {
+    "bytes_written": "Bytes of kvformat files written (header + data, one canonical copy per chunk).",
+    "files_written": "kvformat files written.",
+    "bytes_read": "Bytes of kvformat files read into the primary tier.",
+    "files_read": "kvformat files loaded into the primary tier.",
+    "checksum_failures": "Files whose header or data checksum did not match (served as misses).",
+    "corrupt_files": "Corrupt, truncated or mismatched files quarantined (served as misses).",
+    "layout_mismatches": "Files whose layout or key did not match this deployment (quarantined).",
+    "replica_mismatches": "Chunks not stored because the per-worker slots of the row differed.",
+    "evictions": "Files deleted to keep the root under max_bytes.",
+    "evicted_bytes": "Bytes of files deleted to keep the root under max_bytes.",
+    "dedup_saved_bytes": "Row bytes not written because they duplicate stored bytes (worker replicas, "
+                         "chunks already on storage).",
+    "missing_files": "Files gone at load time (deleted by another instance or by hand).",
+    "io_errors": "Loads that failed with an OS error (served as misses).",
+}
+_GAUGE_DOCS = {
+    "used_bytes": "Bytes of kvformat files under the root, as this tier accounts them.",
+    "files": "kvformat files under the root, as this tier accounts them.",
+}
+
+
+# vLLM 0.34 added ``req_context`` to OffloadingEvent (0.33's tracker takes request data from the scheduler
+# instead); fields are probed, not versions compared.
+_EVENT_TAKES_REQ_CONTEXT = "req_context" in getattr(OffloadingEvent, "__dataclass_fields__", {})
+
+
+class _Lookups(AsyncLookupManager):
+    """Existence checks of blocks the index does not know (written by another instance), off-thread."""
+
+    def __init__(self, tier: "KVFormatTier", tier_type: str) -> None:
+        self._tier = tier
+        super().__init__(tier_type=tier_type)
+
+    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        return self._tier._probe_many(keys)
+
+
+class KVFormatTier(SecondaryTierManager):
+    """vLLM secondary tier storing each MLA KV chunk once, as a checksummed, TP-independent kvformat file.
+
+    Parameters (the tier dict; see docs/vllm.md)
+    ----------
+    root: directory (or, with a remote-storage backend installed, URL) holding the namespaces.
+    read_threads, write_threads: I/O threads preferring loads / stores (default 8 / 8).
+    compression: ``"none"`` (default) or ``"zstd"``; compression_level: zstd level (default 3).
+    verify: verify checksums on every load (default true).
+    max_bytes: bound on the files under ``root`` (int or "500GiB"); default unbounded.
+    o_direct: ``"off"`` (default: buffered I/O), ``"auto"``/``"on"`` (O_DIRECT payload reads where the
+        filesystem allows them).
+    fsync: fsync each file and its directory before it counts as stored (default false).
+    replica_policy: ``"verify"`` (default: per-worker slots must hash equal, else the chunk is not
+        stored) or ``"trust_rank0"`` (store worker 0's slot unchecked).
+    model_revision: optional model revision, part of the namespace identity.
+    storage_options: dict passed to the storage backend (remote roots).
+    enable_kv_events: emit stored/removed KV events (when vLLM's KV events are on); default false.
+    locality: ``"LOCAL"`` or ``"REMOTE"`` (passed by vLLM's factory; reported on events).
+
+    Raises
+    ------
+    SchemaError (a ValueError) for a bad parameter or a deployment this tier cannot store (KV that is
+    not MLA, PCP together with DCP, a placement it cannot prove: docs/layout.md); TypeError for an
+    unknown parameter.
+    """
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+    #: Bound on :meth:`shutdown` (seconds): a remote root must not hold a vLLM shutdown for minutes.
+    shutdown_timeout_s: float = 10.0
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        out: dict[str, OffloadingMetricMetadata] = {
+            METRIC_PREFIX + k: OffloadingCounterMetadata(documentation=d) for k, d in _COUNTER_DOCS.items()}
+        out.update({METRIC_PREFIX + k: OffloadingGaugeMetadata(documentation=d) for k, d in _GAUGE_DOCS.items()})
+        return out
+
+    def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str, root: str,
+                 read_threads: int = 8, write_threads: int = 8, compression: str = "none",
+                 compression_level: int = 3, verify: bool = True, max_bytes: int | str | None = None,
+                 o_direct: str = "off", fsync: bool = False, replica_policy: str = "verify",
+                 model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
+                 enable_kv_events: bool = False, locality: str | None = None,
+                 backpressure_detector: "BackpressureDetector | None" = None) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.config = TierConfig.parse(root, read_threads=read_threads, write_threads=write_threads,
+                                       compression=compression, compression_level=compression_level, verify=verify,
+                                       max_bytes=max_bytes, o_direct=o_direct, fsync=fsync,
+                                       replica_policy=replica_policy, model_revision=model_revision,
+                                       storage_options=storage_options, enable_kv_events=enable_kv_events,
+                                       locality=locality)
+        self.locality = Locality(locality) if locality is not None else None
+        self.plans, self.facts = derive_plans(offloading_spec, model_revision)
+        self.copies, self.row_kind = self.facts.copies, self.facts.row
+        if self.config.replica_policy == "trust_rank0" and self.copies > 1 and not self.facts.replicated_kv_known:
+            raise SchemaError("replica_policy", "trust_rank0 stores worker 0's slot unchecked, but nothing vLLM "
+                              "passed proves this model's KV is replicated on every worker (MLA); use \"verify\"")
+        first = offloading_spec.config.groups[0].group_id
+        self.layout = self.plans[first].layout  # the first group's (most deployments have one group)
+        self.namespace = self.layout.namespace()
+        self._ns_group = {p.layout.namespace(): g for g, p in self.plans.items()}
+        if "://" not in root or root.startswith("file://"):
+            self.store = open_store(root, o_direct=o_direct)  # storage_options are for URL roots only
+        else:
+            self.store = open_store(root, **self.config.storage_options)
+        self.events: list[OffloadingEvent] | None = None
+        if enable_kv_events:
+            if offloading_spec.kv_events_config.enable_kv_cache_events:
+                self.events = []
+            else:
+                logger.warning("enable_kv_events is set on tier '%s' but KV cache events are disabled globally; "
+                               "the tier will not emit events.", tier_type)
+        self._events_lock = threading.Lock()
+        # This tier evicts and announces it, so vLLM's event tracker must count it as a holder of each
+        # chunk it stored (a residency of its own, keyed by medium + ownership): the tracker then keeps the
+        # chunk's block hashes after the CPU tier drops it and expands this tier's removals to them.
+        self._event_owner: dict[str, Any] = {"ownership": tier_type, "removal_expected": True}
+        par = offloading_spec.config.parallel
+        pf = self.facts.parallel
+        prov = Provenance(tp=max(1, par.tp_size), pp=max(1, par.pp_size), dcp=max(1, par.dcp_size),
+                          pcp=max(1, par.pcp_size),
+                          row=self.row_kind, writer=f"kvformat {__version__} (vllm tier)",
+                          pp_layers=pf.stage_layers if pf is not None and pf.pp > 1 else (),
+                          cp_interleave=pf.interleave if pf is not None and pf.dcp > 1 else 1)
+        self._flat = primary_kv_view.cast("B")
+        self.index = LRUIndex(self.config.max_bytes)
+        self.engines: dict[int, RowEngine] = {}
+        for g, plan in self.plans.items():
+            shared = self.engines[first] if self.engines else None
+            self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
+                                        self.config, prov, self.index, self._on_removed, share=shared)
+        self.engine = self.engines[first]
+        self._pool = DualPool(self.config.read_threads, self.config.write_threads)
+        self._lookups = _Lookups(self, tier_type)
+        self._jobs = JobBook(self._pool, self._target, self.engine.warn_once, JobResult,
+                             self._on_stored if self.events is not None else None, self._lookups.mark_miss)
+        self._report = CounterReport(self.engine.counters, self.index)
+        self._stop = threading.Event()
+        self._scan = threading.Thread(target=self.engine.scan, args=(self._stop,), name="kvformat_tier_scan",
+                                      daemon=True)
+        self._scan.start()
+        for g, plan in self.plans.items():
+            logger.info("KVFormatTier at %s: group %d -> namespace %s, %s rows (%d slot(s)), %s, max_bytes=%s",
+                        root, g, plan.layout.namespace(), self.row_kind, self.copies, plan.describe(),
+                        self.config.max_bytes)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _target(self, key: OffloadKey) -> tuple[RowEngine | None, str | None]:
+        """The engine of the key's KV-cache group and its block hash (None, None for a group not stored)."""
+        eng = self.engines.get(get_offload_group_idx(key))
+        if eng is None:
+            return None, None
+        return eng, str(get_offload_block_hash(key).hex())
+
+    def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
+        out = [False] * len(keys)
+        if self._stop.is_set():  # shutting down: no more storage round trips
+            return out
+        by_engine: dict[int, list[tuple[int, str]]] = {}
+        for i, k in enumerate(keys):
+            eng, h = self._target(k)
+            if eng is not None and h is not None:
+                by_engine.setdefault(id(eng), []).append((i, h))
+        for eng in self.engines.values():
+            todo = by_engine.get(id(eng))
+            if todo:
+                for (i, _), ok in zip(todo, eng.probe_many([h for _, h in todo])):
+                    out[i] = ok
+        return out
+
+    def _on_removed(self, relpaths: list[str]) -> None:
+        if self.events is None:
+            return
+        keys = []
+        for rel in relpaths:
+            parts = block_path_parts(rel, strict=False)
+            group = self._ns_group.get(parts[0]) if parts is not None else None
+            if parts is not None and group is not None:
+                try:
+                    keys.append(make_offload_key(bytes.fromhex(parts[1]), group))
+                except ValueError:  # an odd number of hex digits: no vLLM key
+                    continue
+        if keys:
+            with self._events_lock:
+                self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=True,
+                                                   locality=self.locality, **self._event_owner))
+
+    def _on_stored(self, job: Job, stored: list[OffloadKey]) -> None:
+        extra = dict(self._event_owner)
+        if _EVENT_TAKES_REQ_CONTEXT:
+            extra["req_context"] = job.req_context  # lets vLLM's tracker describe the chunk
+        with self._events_lock:
+            if self.events is not None:
+                self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
+                                                   locality=self.locality, **extra))
+
+    # -- SecondaryTierManager ----------------------------------------------------------------------
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        eng, h = self._target(key)
+        if eng is None or h is None or key in self._jobs.failed:
+            return LookupResult.MISS
+        rel = eng.relpath(h)
+        if rel in self.index:
+            return LookupResult.HIT
+        found = self._lookups.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY
+        return LookupResult.HIT if found and rel in self.index else LookupResult.MISS
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata, load=False)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata, load=True)
+
+    def _submit(self, job_metadata: TransferJob, *, load: bool) -> None:
+        self._jobs.submit(job_metadata.job_id, list(job_metadata.keys), job_metadata.chunk_ids, load=load,
+                          req_context=getattr(job_metadata, "req_context", None))
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        return self._jobs.take_finished()
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self.events is None:
+            return ()
+        with self._events_lock:
+            out, self.events = self.events, []
+        return out
+
+    def drain_jobs(self) -> None:
+        self._pool.wait_idle()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._refresh_recency(req_context)
+        self._lookups.cleanup(req_context.req_id)
+
+    def _refresh_recency(self, req_context: ReqContext) -> None:
+        """Count the chunks a finished request used as recently used, CPU-tier hits included.
+
+        vLLM never asks a secondary tier about a CPU-tier hit (and ``touch`` was never called, then
+        removed in 0.34), so the request's end is the one hook that sees every chunk it used: the scheduler
+        records each offload key's end-token position in the request context (0.33 and 0.34). Keys past
+        the tokens actually processed are skipped, as vLLM's kvcr tier does.
+        """
+        positions = getattr(req_context, "_offload_key_positions", None)
+        if not positions:
+            return
+        done = None
+        counts = [getattr(req_context, a, None) for a in
+                  ("num_computed_tokens", "num_in_flight_tokens", "num_prompt_tokens", "num_tokens")]
+        if None not in counts:
+            computed, in_flight, prompt, total = (int(c) for c in counts if c is not None)
+            done = min(max(0, computed - in_flight), max(prompt, total - 1))
+        # Deepest chunk first, so a request's shortest prefix ends up most recent: a longer prefix is
+        # useless without the chunks before it, so those are the last to go.
+        for key, pos in sorted(positions.items(), key=lambda kv: -kv[1]):
+            if done is not None and pos > done:
+                continue
+            eng, h = self._target(key)
+            if eng is not None and h is not None:
+                self.index.touch(eng.relpath(h))
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookups.flush()
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        stats = OffloadingConnectorStats()
+        for k, d in self._report.deltas().items():
+            stats.increase_counter(METRIC_PREFIX + k, d)
+        stats.set_gauge(METRIC_PREFIX + "used_bytes", self.index.used)
+        stats.set_gauge(METRIC_PREFIX + "files", len(self.index))
+        return stats
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative counters since start (plus ``quarantined:<reason>`` counts, ``used_bytes``, ``files``)."""
+        return self._report.totals()
+
+    def wait_scanned(self, timeout: float | None = None) -> bool:
+        """Block until the start-up scan of the root has finished (tests, tools)."""
+        self._scan.join(timeout)
+        return not self._scan.is_alive()
+
+    def shutdown(self) -> None:
+        """Stop within ``shutdown_timeout_s``: queued jobs fail (each reported once), running ones finish.
+
+        The start-up scan and the async lookups stop at their next step; a remote call already in
+        flight is not waited for past the deadline (its threads are daemons). Jobs submitted after
+        shutdown fail at once. The primary buffer is released only when no tier thread can touch it any
+        more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
+        running copy.
+        """
+        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self.engines.values(), self._pool, self._scan,
+                                self._lookups.shutdown, self._flat):
+            logger.warning("kvformat tier: shutdown gave up after %.0f s waiting for storage I/O at %s; "
+                           "the primary buffer is left to the garbage collector", self.shutdown_timeout_s,
+                           self.store.root)
+
+
+__all__ = ["KVFormatTier", "deployment_facts", "derive_plans", "derive_layout", "METRIC_PREFIX"]
