@@ -5,9 +5,9 @@ from .format import (
     CanonicalLayout, LayerSpec, Provenance, block_relpath, decode, encode, load_file, open_block, read_header,
     read_into, save_file,
 )
+from ._version import __version__
 from .errors import KVFormatError
 
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__", "FORMAT_VERSION", "ALIGNMENT", "MAX_HEADER_BYTES", "MAX_LAYERS", "MAX_PAYLOAD_BYTES",

@@ -14,7 +14,8 @@ import pytest
 
 import kvformat as K
 from kvformat.cli import main
-from kvformat.format._spec import NAMESPACE_FILE, BlockKey
+from kvformat import BlockKey
+from kvformat.format._paths import NAMESPACE_FILE
 from kvformat.errors import LegacyLayoutError
 from kvformat.legacy import find_namespaces, infer_row
 from kvformat.storage import open_store

@@ -21,7 +21,7 @@ import pytest
 
 import kvformat as K
 from kvformat.format._write import TMP_PREFIX, write_atomic
-from kvformat.format._spec import block_relpath
+from kvformat import block_relpath
 from kvformat.storage import LocalStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,7 +23,7 @@ import pytest
 import kvformat as K
 from kvformat.admin._gc import run_gc
 from kvformat.format._write import TMP_PREFIX
-from kvformat.format._spec import block_relpath
+from kvformat import block_relpath
 from kvformat.storage import LocalStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,7 @@ FSIZE_CHILD = r"""
 import errno, json, os, random, resource, signal, sys
 sys.path.insert(0, sys.argv[1])
 import kvformat as K
-from kvformat.format._spec import block_relpath
+from kvformat import block_relpath
 from kvformat.storage import open_store
 root, limit, ignore = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 # Ignored (CPython's default): a write past the limit fails with EFBIG. Default action: the process dies.

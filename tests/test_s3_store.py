@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kvformat as K
-from kvformat.format._spec import block_relpath
+from kvformat import block_relpath
 from kvformat.errors import ChecksumError
 from kvformat.storage import open_store
 from kvformat.storage._fsspec import FsspecStore

@@ -26,7 +26,7 @@ import torch
 
 import kvformat as K
 from kvformat.format._block import decode
-from kvformat.format._spec import block_relpath
+from kvformat import block_relpath
 from kvformat.errors import KVFormatError, LayoutMismatchError
 from kvformat.storage import LocalStore, Store, open_store
 from kvformat.storage._fsspec import FsspecStore

@@ -24,7 +24,7 @@ import time
 import pytest
 
 import kvformat as K
-from kvformat.format._spec import block_relpath
+from kvformat import block_relpath
 from kvformat.legacy import ROW_ALIGN, legacy_fields, legacy_paths, write_legacy_row
 from kvformat.storage import LocalStore
 

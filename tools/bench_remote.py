@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import kvformat as K  # noqa: E402
-from kvformat.format._spec import block_relpath  # noqa: E402
+from kvformat import block_relpath  # noqa: E402
 from kvformat.storage._fsspec import FsspecStore  # noqa: E402
 from s3_server import S3Server  # noqa: E402
 

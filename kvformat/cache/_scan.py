@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ._rows import RowEngine
+from ..format._spec import CanonicalLayout
+from ..storage import Store
+from ._lru import LRUIndex
 
 __all__ = ["SCAN_BATCH", "TEMP_MAX_AGE_S", "scan_root"]
 
@@ -17,7 +18,18 @@ TEMP_MAX_AGE_S = 3600.0  # a temp file this old belongs to a crashed writer, not
 SCAN_BATCH = 1024  # files indexed per batch by the start-up scan (evicting after each batch)
 
 
-def scan_root(self: "RowEngine", stop: threading.Event) -> None:
+class _Scanned(Protocol):
+    """What the scan needs of the row engine (``_rows.RowEngine``), which calls it."""
+
+    store: Store
+    layout: CanonicalLayout
+    index: LRUIndex
+    _mtimes: dict[str, float]
+
+    def delete_victims(self, victims: list[tuple[str, int]]) -> None: ...
+
+
+def scan_root(self: _Scanned, stop: threading.Event) -> None:
     """Rebuild usage and LRU order from the files under the root (runs in a background thread).
 
     Files are indexed in batches of SCAN_BATCH and evicted after each batch, so ``max_bytes`` holds

@@ -13,14 +13,8 @@ from typing import Any, Mapping
 from ._block import decode, encode_block
 from ._read import FileSource, read_header_from, read_payload_from
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
-from ._write import write_atomic as write_atomic  # also legacy's
+from ._write import write_atomic
 from ..errors import KVFormatError
-
-# Homes elsewhere; named here for modules that import them from this one (the tier's row engine, legacy).
-from ._files import is_regular_file as is_regular_file  # noqa: F401
-from ..errors import UnsafeFileError as UnsafeFileError  # noqa: F401
-from ._files import read_small_file as read_small_file  # noqa: F401
-from ._fused import read_into_fused as read_into_fused, write_block_fused as write_block_fused  # noqa: F401
 
 
 def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
@@ -61,7 +55,7 @@ def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayou
 
 
 def _writer() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return f"kvformat {__version__}"
 

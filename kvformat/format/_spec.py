@@ -12,9 +12,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# The path scheme's home is ._paths; named here too for modules that import it from this one.
-from ._paths import FILE_SUFFIX as FILE_SUFFIX, NAMESPACE_FILE as NAMESPACE_FILE  # noqa: F401
-from ._paths import QUARANTINE_DIR as QUARANTINE_DIR, block_relpath as block_relpath  # noqa: F401
 from ._consts import (
     DEFAULT_ROLE, DTYPE_SIZES, FORMAT_MAJOR, FORMAT_VERSION, FORMAT_VERSION_BASE, MAX_DIMS, MAX_LAYERS,
     MAX_PAYLOAD_BYTES, ROLES, ROW_LAYOUTS, parse_hex, parse_name, parse_uint,

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..format._files import read_exact
 from ..errors import KVFormatError, ReplicaMismatchError
 from ._rows import LegacyFile, RowLayout, extract_payload, key_for, provenance_for

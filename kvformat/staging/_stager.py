@@ -368,7 +368,7 @@ def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _writer_name() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return f"kvformat {__version__} staging"
 

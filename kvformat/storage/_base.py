@@ -26,10 +26,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from ..format._block import as_bytes_view, encode
 from ..format._read import BytesSource, FileSource, read_header_from, read_payload_from
-from ..format._spec import (
-    FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, CanonicalLayout, Provenance,
-    block_relpath, namespace_doc,
-)
+from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, block_relpath
+from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, namespace_doc
 from ..errors import KVFormatError
 
 

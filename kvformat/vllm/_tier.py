@@ -48,7 +48,7 @@ from vllm.v1.kv_offload.tiering.base import (
     JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
 )
 
-from .. import __version__
+from .._version import __version__
 from ..format._paths import block_path_parts
 from ..format._spec import Provenance
 from ._facts import deployment_facts, derive_layout, derive_plans
