@@ -6,4 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . "${KVFORMAT_VENV:-.venv}/bin/activate"
 export KVFORMAT_REQUIRE_VLLM=1
+# With test paths among the arguments (tests/test_x.py, tests/test_x.py::name) only those run; else the whole suite.
+for arg in "$@"; do
+  case "$arg" in tests/*|./tests/*) exec python -m pytest -q -p no:cacheprovider "$@" ;; esac
+done
 exec python -m pytest -q -p no:cacheprovider tests "$@"
