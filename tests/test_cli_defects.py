@@ -351,19 +351,52 @@ def test_verify_of_a_root_with_legacy_and_kvformat_trees_checks_both(tmp_path, c
     assert rc == 1 and len(d["quarantined"]) == 1 and os.path.exists(t.paths[h])
 
 
-def test_verify_of_an_empty_or_missing_root_is_a_usage_error(tmp_path, capsys):
+def test_inspect_verify_and_gc_agree_on_empty_missing_and_junk_roots(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "a.kvf").write_bytes(b"x")
     for p in ("empty", "nope", "junk"):
-        assert main(["verify", str(tmp_path / p)]) == 2
-        err = capsys.readouterr().err
-        assert "nothing to verify" in err or "no such file" in err
-    # an empty namespace is a real (empty) namespace: checked 0, fine
+        for cmd, verb in (("inspect", "inspect"), ("verify", "verify"), ("gc", "collect")):
+            argv = [cmd, str(tmp_path / p)] + (["--max-bytes", "1"] if cmd == "gc" else [])
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert f"nothing to {verb}" in err or "no such file" in err or "not a directory" in err, (argv, err)
+    # an empty namespace is a real (empty) namespace: checked 0, fine, for every command
     store = open_store(str(tmp_path / "kv"))
     store.ensure_namespace(layout())
     assert main(["verify", str(tmp_path / "kv")]) == 0
     assert "checked 0 files: 0 bad" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "kv")]) == 0
+    assert main(["gc", str(tmp_path / "kv"), "--max-bytes", "1"]) == 0
+
+
+def test_a_root_written_only_by_put_block_is_a_root_for_every_command(tmp_path, capsys):
+    """Issue 26: Store.put_block (and so Stager.save) leaves a root inspect, verify and gc accept."""
+    L = layout()
+    store = open_store(str(tmp_path / "kv"))
+    rels = [store.put_block(os.urandom(L.payload_bytes), L, K.BlockKey(f"{i:02x}" * 32))[0] for i in range(3)]
+    root = str(tmp_path / "kv")
+    assert main(["verify", root]) == 0 and "checked 3 files: 0 bad" in capsys.readouterr().out
+    rc, d = _json(["inspect", root], capsys)
+    assert rc == 0 and d["totals"]["files"] == 3
+    assert main(["gc", root, "--max-bytes", "1"]) == 0
+    assert not any(os.path.exists(os.path.join(root, r)) for r in rels)
+
+
+def test_block_files_without_their_namespace_json_are_explained(tmp_path, capsys):
+    """A root written before put_block wrote namespace.json: refused, naming what is missing and how to add it."""
+    L = layout()
+    store = open_store(str(tmp_path / "kv"))
+    rel = store.put_block(os.urandom(L.payload_bytes), L, K.BlockKey("ab" * 32))[0]
+    os.unlink(tmp_path / "kv" / L.namespace() / "namespace.json")
+    for cmd in ("inspect", "verify", "gc"):
+        assert main([cmd, str(tmp_path / "kv")] + (["--max-bytes", "1"] if cmd == "gc" else [])) == 2
+        err = capsys.readouterr().err
+        assert f"{L.namespace()} hold block files but no namespace.json" in err and "ensure_namespace" in err, err
+    assert os.path.exists(tmp_path / "kv" / rel)  # gc refused: nothing deleted
+    store2 = open_store(str(tmp_path / "kv"))
+    store2.ensure_namespace(L)
+    assert main(["verify", str(tmp_path / "kv")]) == 0
 
 
 def test_exit_codes_match_the_docs(tmp_path, capsys):
@@ -401,3 +434,13 @@ def test_compact_rerun_repairs_an_output_whose_payload_is_corrupt(tmp_path, caps
     assert _files(dst) == first
     assert main(["verify", dst]) == 0
     capsys.readouterr()
+
+
+def test_demo_never_names_a_directory_it_removed(tmp_path, capsys):
+    assert main(["demo", "--layers", "2", "--blocks", "2"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "removed" in last and "/" not in last, last  # the scratch directory is gone: it is not named
+    assert main(["demo", "--layers", "2", "--blocks", "2", "--dir", str(tmp_path / "d")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    named = last.split("files under ", 1)[1].rstrip(")")
+    assert os.path.isdir(named), last

@@ -5,11 +5,11 @@
 """
 
 from ._gc import open_gc_root, plan_gc, run_gc
-from ._scan import find_store_root, namespace_dirs, quarantine_summary, scan_root
+from ._scan import find_store_root, namespace_dirs, not_a_root, orphan_namespaces, quarantine_summary, scan_root
 from ._scan_stats import NamespaceStats, ProgressSink, ScanResult, totals
 from ._scan_store import scan_store
 
 __all__ = [
-    "scan_root", "scan_store", "quarantine_summary", "find_store_root", "namespace_dirs", "NamespaceStats",
-    "ScanResult", "ProgressSink", "totals", "run_gc", "plan_gc", "open_gc_root",
+    "scan_root", "scan_store", "quarantine_summary", "not_a_root", "orphan_namespaces", "find_store_root",
+    "namespace_dirs", "NamespaceStats", "ScanResult", "ProgressSink", "totals", "run_gc", "plan_gc", "open_gc_root",
 ]

@@ -25,6 +25,7 @@ from ..format._files import iter_files
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ..errors import UsageError
 from ..storage import LocalStore, Store, StoreEntry, open_store
+from ._scan import not_a_root
 
 __all__ = ["GcReport", "open_gc_root", "plan_gc", "run_gc"]
 
@@ -85,8 +86,9 @@ def open_gc_root(root: str) -> Store:
     else:
         store = open_store(root)
     if not list(store._namespace_dirs()):
-        raise UsageError(f"{root}: not a kvformat root (no <namespace>/namespace.json directly under it); "
-                         "gc deletes only block files inside a root's namespaces")
+        raise UsageError(not_a_root(root if "://" in root and not root.startswith("file://") else
+                                    root.removeprefix("file://"), "collect")
+                         + "; gc deletes only block files inside a root's namespaces")
     return store
 
 

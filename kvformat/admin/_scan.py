@@ -26,7 +26,8 @@ from ..legacy._rows import Ignored
 from ..storage import StoreEntry
 from ..storage._local import scan_entries
 
-__all__ = ["ProgressSink", "NamespaceStats", "ScanResult", "namespace_dirs", "scan_root", "scan_store",
+__all__ = ["ProgressSink", "NamespaceStats", "ScanResult", "namespace_dirs", "orphan_namespaces", "not_a_root",
+           "scan_root", "scan_store",
            "quarantine_summary", "find_store_root", "os_error_text", "totals"]
 
 
@@ -38,6 +39,36 @@ def namespace_dirs(root: str) -> set[str]:
                     and is_regular_file(os.path.join(d.path, NAMESPACE_FILE))}
     except (FileNotFoundError, NotADirectoryError):
         return set()
+
+
+def orphan_namespaces(root: str) -> list[str]:
+    """Top-level directories of ``root`` that hold block files but no namespace.json: written by a kvformat
+    older than 0.1.0's namespace-once ``Store.put_block`` (and ``Stager.save``), which did not write it."""
+    out = []
+    try:
+        with os.scandir(root) as it:
+            dirs = sorted(d.name for d in it if d.is_dir(follow_symlinks=False) and not d.name.startswith("."))
+    except OSError:
+        return []
+    for name in dirs:
+        if is_regular_file(os.path.join(root, name, NAMESPACE_FILE)):
+            continue
+        if any(block_path_parts(f"{name}/{rel}") is not None for rel, _ in iter_files(os.path.join(root, name))):
+            out.append(name)
+    return out
+
+
+def not_a_root(path: str, verb: str) -> str:
+    """THE message of inspect, verify and gc for a directory that is not a kvformat root, saying what is missing
+    and, for block files without their namespace.json, how to add it."""
+    msg = (f"{path}: not a kvformat root, namespace or legacy vLLM fs-tier root (no <namespace>/namespace.json or "
+           f"<model>_<digest>/config.json under it): nothing to {verb}")
+    orphans = orphan_namespaces(path) if os.path.isdir(path) else []
+    if orphans:
+        msg += (f"; {', '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''} hold block files but no "
+                "namespace.json (written by an older Store.put_block/Stager.save): any put_block of that layout "
+                "with this kvformat, or Store.ensure_namespace(layout), writes it")
+    return msg
 
 
 def _check_entry(root: str, e: StoreEntry, verify: bool

@@ -107,6 +107,7 @@ def _bar(a: argparse.Namespace, label: str, total: int, total_bytes: int = 0) ->
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
+    from ..admin._scan import find_store_root, namespace_dirs, not_a_root
     from ..legacy._rows import is_legacy_root
     from ._inspect import (
         inspect_file,
@@ -145,9 +146,14 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         return EXIT_BAD if d["error"] else EXIT_OK
     if not os.path.isdir(path):
         raise UsageError(f"{path}: no such file or directory")
+    legacy = is_legacy_root(path)
+    if not legacy:
+        root, prefix = find_store_root(path)
+        if not prefix and not namespace_dirs(root):  # the same test as verify's and gc's: one definition of a root
+            raise UsageError(not_a_root(path, "inspect"))
     verify = bool(a.verify)
     with _Scanning(a, "inspect", enabled=verify) as tick:
-        if is_legacy_root(path):
+        if legacy:
             d = inspect_legacy(path, verify=verify, page_bytes=a.page_bytes, progress=tick)
         else:
             d = inspect_root(path, verify=verify, jobs=a.jobs, progress=tick)

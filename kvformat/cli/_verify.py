@@ -16,7 +16,7 @@ from ..format._placement import placement_error
 from ..errors import KVFormatError
 from ..legacy._rows import is_legacy_root
 from ..storage import LocalStore
-from ..admin._scan import ProgressSink, find_store_root, namespace_dirs, os_error_text, scan_root
+from ..admin._scan import ProgressSink, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root
 from ._inspect import inspect_legacy, inspect_legacy_file, legacy_file_namespace
 from ._util import UsageError
 
@@ -83,8 +83,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         legacy = not prefix and is_legacy_root(path)
         kv = bool(prefix) or bool(namespace_dirs(root))
         if not legacy and not kv:
-            raise UsageError(f"{path}: not a kvformat root, namespace or legacy vLLM fs-tier root (no "
-                             "<namespace>/namespace.json or <model>_<digest>/config.json under it): nothing to verify")
+            raise UsageError(not_a_root(path, "verify"))
         if legacy and quarantine and not kv:
             raise UsageError(_NO_QUARANTINE_LEGACY)
         if kv:

@@ -268,11 +268,25 @@ class Store(abc.ABC):
     def put_block(self, payload: Any, layout: CanonicalLayout, key: BlockKey, *,
                   provenance: Provenance | None = None, codec: str = "none", level: int = 3,
                   fsync: bool = False, overwrite: bool = False) -> tuple[str, int, bool]:
-        """Encode and store one block at its canonical path. Returns (relpath, file bytes, written)."""
+        """Encode and store one block at its canonical path. Returns (relpath, file bytes, written).
+
+        The block's namespace gets its ``namespace.json`` first (once per store and namespace), so a root
+        written only through this call is one that ``kvformat inspect``/``verify``/``gc`` accept.
+        """
         rel = block_relpath(layout, key)
         hdr, data = encode(payload, layout, key, provenance=provenance, codec=codec, level=level)
+        self._namespace_once(layout)
         wrote = self.put(rel, [hdr, data], overwrite=overwrite, fsync=fsync)
         return rel, len(hdr) + len(data), wrote
+
+    def _namespace_once(self, layout: CanonicalLayout) -> None:
+        # A set filled on first use: backends do not call a base __init__. Two threads racing here both
+        # call ensure_namespace, whose put never overwrites, so the race costs one extra existence check.
+        done: set[str] = self.__dict__.setdefault("_namespaces_ensured", set())
+        ns = layout.namespace()
+        if ns not in done:
+            self.ensure_namespace(layout)
+            done.add(ns)
 
     def ensure_namespace(self, layout: CanonicalLayout) -> str:
         """Write ``<namespace>/namespace.json`` if missing; returns the namespace."""
