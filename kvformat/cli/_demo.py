@@ -148,5 +148,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     summary.update({"ok": bool(ok), "converted": rep.converted, "bytes_before": rep.bytes_before,
                     "bytes_after": rep.bytes_after, "read_back_identical": {str(k): v for k, v in tp_ok.items()},
                     "corruption_caught": len(bad) == 1, "elapsed_s": round(time.monotonic() - t0, 3)})
-    print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.1f} s (files under {root})")
+    kept = summary["dir"] is not None  # a scratch directory is removed on return: never name it as if it stayed
+    where = f"files under {root}" if kept else "scratch files removed; --dir DIR keeps them"
+    print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.1f} s ({where})")
     return 0 if ok else 1
