@@ -1,0 +1,217 @@
+"""The docs stay true (issue 26): every shell and Python block of README.md, docs/ and spec/ runs here or says why
+it cannot (tools/doc_snippets.py reads the blocks and their markers), sample sessions are reproduced by
+tools/doc_samples.py, every JSON block parses (tier configs through the tier's own parser), the CLI synopsis
+names every option, and roots written the documented way are roots for every command."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from s3_server import S3Server, s3_env, s3_server  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+import doc_samples  # noqa: E402
+from doc_snippets import Snippet, all_snippets, match_output  # noqa: E402
+
+SNIPPETS = all_snippets()
+CLI = [sys.executable, "-m", "kvformat.cli"]
+
+
+def _ids(s: Snippet) -> str:
+    return s.where
+
+
+# -- every block is accounted for --------------------------------------------------------------------------------
+
+
+def test_every_shell_and_python_block_runs_or_says_why_not() -> None:
+    unmarked = [s.where for s in SNIPPETS if s.status == "UNMARKED"]
+    assert not unmarked, f"shell blocks with no snippet marker (run it, or say why not): {unmarked}"
+    for s in SNIPPETS:
+        if s.mark == "not run:":
+            assert len(s.arg) > 15, f"{s.where}: 'not run' needs a reason a reader can check"
+        if s.mark is not None:
+            assert s.runnable_kind, f"{s.where}: a marker on a {s.kind} block"
+
+
+# -- Python blocks, run in order per document ---------------------------------------------------------------------
+
+
+def _tiny_layout() -> Any:
+    import kvformat as K
+
+    return K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V2-Lite", "bfloat16",
+                                     [f"model.layers.{i}.self_attn.attn" for i in range(4)], 16, 576)
+
+
+def _prelude_s3(request: pytest.FixtureRequest, ns: dict[str, Any]) -> Callable[[], str]:
+    """remote.md: the S3 server in the environment (AWS_ENDPOINT_URL…), the bucket the doc names, a block."""
+    import kvformat as K
+
+    srv: S3Server = request.getfixturevalue("s3_env")
+    srv.make_bucket("kv-cache")
+    layout = _tiny_layout()
+    ns.update(layout=layout, key=K.BlockKey("5a" * 32), payload=os.urandom(layout.payload_bytes),
+              out=bytearray(layout.payload_bytes))
+    return lambda: "s3://kv-cache/deepseek-v2-lite"
+
+
+def _prelude_staging(request: pytest.FixtureRequest, ns: dict[str, Any]) -> Callable[[], str]:
+    """staging.md: a TP=1 group (the snippet is collective; one rank is a whole group), a CPU paged KV."""
+    import torch
+
+    import kvformat as K
+
+    layout = _tiny_layout()
+    torch.manual_seed(0)
+    kv = [torch.randn(8, 16, 576).to(torch.bfloat16) for _ in layout.layers]
+    ns.update(tp_rank=0, tp_size=1, layout=layout, kv_per_layer=kv, block_ids=[3], other_block_ids=[5], chunk=0,
+              key=K.BlockKey("c3" * 32))
+
+    def after() -> str:
+        assert torch.equal(kv[0][5], kv[0][3]) and torch.equal(kv[-1][5], kv[-1][3]), "stage_in did not land"
+        return "kv-cache"
+
+    return after
+
+
+def _prelude_v3_block(request: pytest.FixtureRequest, ns: dict[str, Any]) -> Callable[[], str] | None:
+    """FORMAT.md §12's example: the DeepSeek-V3 block it describes, as block.kvf."""
+    import safetensors
+
+    import kvformat as K
+
+    layout = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16",
+                                       [f"model.layers.{i}.self_attn.attn" for i in range(61)], 64, 576)
+    K.save_file(os.urandom(layout.payload_bytes), "block.kvf", layout, K.BlockKey("9f" * 32))
+    ns["safetensors"] = safetensors
+    return None
+
+
+PRELUDES: dict[str, Callable[[pytest.FixtureRequest, dict[str, Any]], Callable[[], str] | None]] = {
+    "s3": _prelude_s3, "staging": _prelude_staging, "v3-block": _prelude_v3_block,
+}
+PY_DOCS = sorted({s.doc for s in SNIPPETS if s.kind.startswith("python") and s.mark != "not run:"})
+
+
+def _run_session(s: Snippet, ns: dict[str, Any]) -> None:
+    test = doctest.DocTestParser().get_doctest(s.text, ns, s.where, s.doc, s.line)
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    runner.run(test, clear_globs=False)
+    res = runner.summarize(verbose=False)
+    assert res.attempted and not res.failed, f"{s.where}: {res}"
+
+
+@pytest.mark.parametrize("doc", PY_DOCS)
+def test_python_blocks_run_as_written(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      request: pytest.FixtureRequest) -> None:
+    monkeypatch.chdir(tmp_path)
+    ns: dict[str, Any] = {"__name__": "doc"}
+    roots = []
+    for s in [s for s in SNIPPETS if s.doc == doc and s.kind.startswith("python") and s.mark != "not run:"]:
+        after = PRELUDES[s.arg](request, ns) if s.mark == "prelude" else None
+        if s.kind == "python-session":
+            _run_session(s, ns)
+        else:
+            exec(compile(s.text, s.where, "exec"), ns)  # the snippet's own asserts run too
+        if after is not None:
+            roots.append(after())
+    for root in roots:  # a root written as the doc shows is a root for the CLI (issue 26)
+        for argv in (["verify", root], ["inspect", root], ["gc", root, "--max-bytes", "1GiB"]):
+            r = subprocess.run(CLI + argv, capture_output=True, text=True, env=os.environ.copy())
+            assert r.returncode == 0, (doc, argv, r.stdout, r.stderr)
+        r = subprocess.run(CLI + ["verify", root, "--json"], capture_output=True, text=True)
+        assert json.loads(r.stdout)["checked"] >= 1, (doc, r.stdout)
+
+
+# -- sample sessions ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("s", [s for s in SNIPPETS if s.mark == "sample"], ids=_ids)
+def test_sample_sessions_are_what_the_commands_print(s: Snippet, tmp_path: Path) -> None:
+    got = doc_samples.session(s.arg, str(tmp_path))
+    diff = match_output(s.text, got)
+    assert diff is None, f"{s.where} no longer matches `python tools/doc_samples.py {s.arg}`: {diff}"
+
+
+def test_the_matcher_sees_a_changed_line() -> None:
+    exp = "a\n… b …\n...\nz\n"
+    assert match_output(exp, "a\nx b y\n1\n2\nz\n") is None
+    assert match_output(exp, "a\nx c y\nz\n") is not None
+    assert match_output(exp, "a\nx b y\nq\n") is not None
+
+
+# -- run elsewhere in CI --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("s", [s for s in SNIPPETS if s.mark == "run by:"], ids=_ids)
+def test_blocks_run_elsewhere_are_run_there(s: Snippet) -> None:
+    where = s.arg.split()[0]
+    if where == ".ci/run":
+        ci = (REPO / ".ci/run").read_text()
+        for line in s.text.splitlines():
+            for cmd in line.split("#", 1)[0].split("&&"):
+                assert cmd.strip() in ci, f"{s.where}: `{cmd.strip()}` is not run by .ci/run"
+    else:
+        path, _, name = where.partition("::")
+        assert f"def {name}(" in (REPO / path).read_text(), f"{s.where}: {where} does not exist"
+
+
+# -- JSON and tier configs ------------------------------------------------------------------------------------------
+
+
+def _tier_configs(obj: Any) -> list[dict[str, Any]]:
+    if isinstance(obj, dict):
+        found = [obj] if obj.get("type") == "KVFormatTier" else []
+        return found + [c for v in obj.values() for c in _tier_configs(v)]
+    if isinstance(obj, list):
+        return [c for v in obj for c in _tier_configs(v)]
+    return []
+
+
+def _json_blocks() -> list[tuple[str, Any]]:
+    out = [(s.where, json.loads(s.text)) for s in SNIPPETS if s.kind == "json"]
+    for s in SNIPPETS:  # the --kv-transfer-config of the documented `vllm serve` lines
+        for m in re.finditer(r"--kv-transfer-config '(.*?)'", s.text, re.S):
+            out.append((s.where, json.loads(m.group(1))))
+    return out
+
+
+def test_json_blocks_parse_and_tier_configs_are_accepted_by_the_tier() -> None:
+    from kvformat.cache._config import TierConfig
+
+    blocks = _json_blocks()
+    tiers = [(w, c) for w, obj in blocks for c in _tier_configs(obj)]
+    assert len(tiers) >= 3, tiers  # README, vllm.md, remote.md
+    for where, c in tiers:
+        kw = {k: v for k, v in c.items() if k not in ("type", "module_path", "root")}
+        TierConfig.parse(c["root"], **kw)  # raises, naming the parameter, on a key or value the tier refuses
+        assert c["module_path"] == "kvformat.vllm", where
+
+
+# -- the CLI synopsis -----------------------------------------------------------------------------------------------
+
+
+def test_cli_synopsis_names_every_option() -> None:
+    from kvformat.cli._args import build_parser
+
+    synopsis = next(s for s in SNIPPETS if s.doc == "docs/cli.md" and s.kind == "text").text
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for cmd, parser in sub.choices.items():  # type: ignore[attr-defined]
+        block = synopsis.split(f"kvformat {cmd}", 1)
+        assert len(block) == 2, f"docs/cli.md synopsis lacks `kvformat {cmd}`"
+        text = re.split(r"\nkvformat ", block[1], maxsplit=1)[0]
+        for a in parser._actions:
+            longs = [o for o in a.option_strings if o.startswith("--") and o != "--help"]
+            if longs and not any(o in text for o in longs):
+                raise AssertionError(f"docs/cli.md synopsis of `kvformat {cmd}` lacks {longs[0]}")
