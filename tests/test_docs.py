@@ -215,3 +215,18 @@ def test_cli_synopsis_names_every_option() -> None:
             longs = [o for o in a.option_strings if o.startswith("--") and o != "--help"]
             if longs and not any(o in text for o in longs):
                 raise AssertionError(f"docs/cli.md synopsis of `kvformat {cmd}` lacks {longs[0]}")
+
+
+# -- one text per fact ----------------------------------------------------------------------------------------------
+
+
+def _param_table(doc: str) -> list[str]:
+    text = (REPO / doc).read_text()
+    sec = text.split("### Parameters", 1)[1].split("\n#", 1)[0]
+    return [ln for ln in sec.splitlines() if ln.startswith("|")]
+
+
+def test_the_tier_parameter_table_is_one_text_in_readme_and_vllm_md() -> None:
+    """The README and docs/vllm.md each carry the tier's parameter table; they had drifted apart (o_direct)."""
+    readme, vllm_md = _param_table("README.md"), _param_table("docs/vllm.md")
+    assert len(readme) > 5 and readme == vllm_md, [a for a, b in zip(readme, vllm_md) if a != b]
