@@ -157,7 +157,11 @@ def test_the_matcher_sees_a_changed_line() -> None:
 @pytest.mark.parametrize("s", [s for s in SNIPPETS if s.mark == "run by:"], ids=_ids)
 def test_blocks_run_elsewhere_are_run_there(s: Snippet) -> None:
     where = s.arg.split()[0]
-    if where == ".ci/run":
+    if where == "tools/test.sh":  # the whole suite: every test file the block names is one of it
+        named = re.findall(r"\btests/test_\w+\.py\b", s.text)
+        assert named and all((REPO / n).is_file() for n in named), (s.where, named)
+        assert "tools/test.sh" in (REPO / ".ci/run").read_text()
+    elif where == ".ci/run":
         ci = (REPO / ".ci/run").read_text()
         for line in s.text.splitlines():
             for cmd in line.split("#", 1)[0].split("&&"):
@@ -230,3 +234,32 @@ def test_the_tier_parameter_table_is_one_text_in_readme_and_vllm_md() -> None:
     """The README and docs/vllm.md each carry the tier's parameter table; they had drifted apart (o_direct)."""
     readme, vllm_md = _param_table("README.md"), _param_table("docs/vllm.md")
     assert len(readme) > 5 and readme == vllm_md, [a for a, b in zip(readme, vllm_md) if a != b]
+
+
+# -- figures name their command, date and commit -----------------------------------------------------------------
+
+
+def _figure_markers() -> list[tuple[str, tuple[str, str, str]]]:
+    from doc_snippets import DOCS, FIGURE
+
+    return [(f"{d}:{i + 1}", m.groups()) for d in DOCS
+            for i, line in enumerate((REPO / d).read_text().splitlines()) for m in FIGURE.finditer(line)]
+
+
+def test_every_benchmark_output_names_its_command_date_and_commit() -> None:
+    missing = [s.where for s in SNIPPETS if s.runs_a_tool and s.figure is None]
+    assert not missing, f"benchmark output without a <!-- figure: measured DATE at COMMIT: CMD --> marker: {missing}"
+    for s in SNIPPETS:
+        if s.runs_a_tool and s.figure is not None:
+            first = s.text.lstrip("\n").split("\n", 1)[0].strip()
+            assert first.endswith(s.figure[2].removeprefix("python ").strip()), (s.where, first, s.figure[2])
+    markers = _figure_markers()
+    assert len(markers) >= 5, markers
+    for where, (date, commit, command) in markers:
+        r = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+        assert r.returncode == 0, f"{where}: commit {commit} is not in this repository's history"
+        r = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%cs", commit], capture_output=True,
+                           text=True)
+        assert r.stdout.strip() <= date, f"{where}: measured {date}, before its commit {commit} ({r.stdout.strip()})"
+        script = re.search(r"\btools/\w+\.py\b", command)
+        assert script and (REPO / script.group(0)).is_file(), f"{where}: no tools/ script in `{command}`"

@@ -28,6 +28,8 @@ DOCS = ["README.md", *sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT, 
         *sorted(f"spec/{f}" for f in os.listdir(os.path.join(ROOT, "spec")) if f.endswith(".md"))]
 _FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
 _MARK = re.compile(r"^<!--\s*snippet:\s*(prelude|sample|run by:|not run:)\s*(.*?)\s*-->$")
+# Where a measured figure comes from: the command that printed it, when, and the commit of the code measured.
+FIGURE = re.compile(r"<!--\s*figure:\s*measured (\d{4}-\d{2}-\d{2}) at ([0-9a-f]{7,40}):\s*(.*?)\s*-->")
 SHELL = {"bash", "sh", "shell", "console"}
 
 
@@ -39,6 +41,13 @@ class Snippet:
     text: str
     mark: str | None = None  # prelude / sample / run by: / not run:
     arg: str = ""
+    figure: tuple[str, str, str] | None = None  # (date, commit, command) of a figure marker just above
+
+    @property
+    def runs_a_tool(self) -> bool:
+        """A block whose first line runs one of tools/ (a benchmark's output, printed under its command)."""
+        first = self.text.lstrip("\n").split("\n", 1)[0]
+        return bool(re.search(r"\btools/\w+\.py\b", first)) and self.kind == "text"
 
     @property
     def kind(self) -> str:
@@ -93,8 +102,10 @@ def snippets(doc: str) -> list[Snippet]:
             j += 1
         prev = lines[i - 1].strip() if i else ""
         mm = _MARK.match(prev)
+        fm = FIGURE.fullmatch(prev)
         out.append(Snippet(doc, i + 1, lang, "\n".join(lines[i + 1:j]) + "\n",
-                           mm.group(1) if mm else None, mm.group(2) if mm else ""))
+                           mm.group(1) if mm else None, mm.group(2) if mm else "",
+                           (fm.group(1), fm.group(2), fm.group(3)) if fm else None))
         i = j + 1
     return out
 
