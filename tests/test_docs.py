@@ -255,11 +255,16 @@ def test_every_benchmark_output_names_its_command_date_and_commit() -> None:
             assert first.endswith(s.figure[2].removeprefix("python ").strip()), (s.where, first, s.figure[2])
     markers = _figure_markers()
     assert len(markers) >= 5, markers
+    # A shallow clone (or an unpacked sdist) lacks the history: there only the marker's form is checked.
+    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
+    history = r.returncode == 0 and r.stdout.strip() == "false"
     for where, (date, commit, command) in markers:
+        script = re.search(r"\btools/\w+\.py\b", command)
+        assert script and (REPO / script.group(0)).is_file(), f"{where}: no tools/ script in `{command}`"
+        if not history:
+            continue
         r = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
         assert r.returncode == 0, f"{where}: commit {commit} is not in this repository's history"
         r = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%cs", commit], capture_output=True,
                            text=True)
         assert r.stdout.strip() <= date, f"{where}: measured {date}, before its commit {commit} ({r.stdout.strip()})"
-        script = re.search(r"\btools/\w+\.py\b", command)
-        assert script and (REPO / script.group(0)).is_file(), f"{where}: no tools/ script in `{command}`"
