@@ -457,7 +457,12 @@ def generate(outdir: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "spec", "vectors")
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Regenerate the conformance vectors (deterministic).")
+    ap.add_argument("out", nargs="?", default=os.path.join(os.path.dirname(HERE), "spec", "vectors"),
+                    help="output folder (default spec/vectors)")
+    out = ap.parse_args().out
     paths = generate(out)
     total = sum(os.path.getsize(os.path.join(out, p)) for p in paths)
     print(f"wrote {len(paths)} files, {total} bytes, under {out}")
