@@ -358,7 +358,7 @@ def _republish(st: Any, rel: str) -> None:
     st.put_block(payload(22), LAYOUT, K.BlockKey(h(22)), overwrite=True)
 
 
-def test_verify_on_s3_leaves_an_object_replaced_after_it_was_checked(s3_bucket: str) -> None:
+def test_verify_on_s3_leaves_an_object_replaced_after_it_was_checked(s3_bucket: str) -> None:  # noqa: F811
     _remote_replace_case(f"s3://{s3_bucket}/cache", _flip_last, _republish)  # identity: the GET's ETag
 
 
@@ -496,3 +496,17 @@ def test_a_stuck_file_is_retried_only_when_nothing_else_can_be_evicted() -> None
 
 
 # -- defect 6 is in tests/test_format.py (header parsing), defect 5 in tests/test_native.py --------------
+
+
+def test_a_bad_file_reached_through_a_symlink_at_its_block_path_is_quarantined(tmp_path: Path) -> None:
+    """The tier follows a symlink found at a block path (G-6): the file read is the link's target, and the
+    link is what the quarantine moves (the target, outside the namespace, is not the tier's to move)."""
+    eng = engine(tmp_path)
+    rel = eng.relpath(h(40))
+    plant_bad_header(tmp_path, "elsewhere/" + os.path.basename(rel))
+    os.makedirs(os.path.dirname(tmp_path / rel))
+    os.symlink(tmp_path / "elsewhere" / os.path.basename(rel), tmp_path / rel)
+    assert eng.load_chunk(h(40), 0) is None
+    assert quarantined(tmp_path) == [f"{rel}.ChecksumError"] and not os.path.lexists(tmp_path / rel)
+    assert os.path.islink(tmp_path / ".quarantine" / f"{rel}.ChecksumError")
+    assert (tmp_path / "elsewhere" / os.path.basename(rel)).exists()

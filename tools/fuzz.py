@@ -304,8 +304,8 @@ def long_shape(s: Seed) -> bytes:
 
 def a_json_bomb(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     doc, data = parse(s)
-    bomb = rng.choice((_deep(rng), "x" * rng.choice((100_000, 900_000)), [0] * 100_000, {f"k{i}": i for i in range(20_000)},
-                       LONG_SHAPE))
+    bomb = rng.choice((_deep(rng), "x" * rng.choice((100_000, 900_000)), [0] * 100_000,
+                       {f"k{i}": i for i in range(20_000)}, LONG_SHAPE))
     where = rng.randrange(4)
     if where == 0:  # an unknown key may hold any string (newer minor): only a non-string bomb is invalid there
         meta = doc["__metadata__"]

@@ -106,7 +106,12 @@ class LocalStore(Store):
         valid file, for an instant: a reader then gets a miss, never wrong bytes (G-5.3).
         """
         try:
-            if not file_id.same_file(os.lstat(src)):  # the common case of a replaced file: nothing is touched
+            at = os.lstat(src)
+            if stat.S_ISLNK(at.st_mode):  # a symlink at a block path (the operator's): the file read is its target
+                if not file_id.same_file(os.stat(src)):
+                    return REPLACED
+                file_id = FileId.of_stat(at)  # and the link is what moves: checked again once aside
+            elif not file_id.same_file(at):  # the common case of a replaced file: nothing is touched
                 return REPLACED
         except FileNotFoundError:
             return GONE
