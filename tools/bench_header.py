@@ -19,8 +19,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = """
 import resource, sys
+import kvformat as K  # the tree's (PYTHONPATH), imported before fuzz.py puts this checkout on sys.path
 sys.path.insert(0, {tools!r})
-import fuzz, kvformat as K
+import fuzz
+assert K.__file__.startswith({tree!r}), K.__file__
 s = fuzz.make_seeds(0)[0]
 data = fuzz.long_shape(s)
 r0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -45,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.rounds):
         for t in trees:
             env = dict(os.environ, PYTHONPATH=t)
-            out = subprocess.run([sys.executable, "-c", CHILD.format(tools=os.path.join(ROOT, "tools"))], env=env,
-                                 capture_output=True, text=True, check=True, cwd=t).stdout.split("\t")
+            code = CHILD.format(tools=os.path.join(ROOT, "tools"), tree=t)
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                                 cwd=t).stdout.split("\t")
             got[t].append(float(out[0]))
             what[t] = f"{int(out[1]):,} bytes, {out[2].strip()}"
     base = statistics.median(got[trees[0]])
