@@ -156,7 +156,10 @@ static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
     long long offset = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iy*y*nn|Ln", names, &fd, &hb, &pb, &dpos, &hpos, &offset, &piece))
         return NULL;
-    if (dpos < 0 || hpos < 0 || dpos + 16 > hb.len || hpos + 16 > hb.len || (dpos < hpos + 16 && hpos < dpos + 16)) {
+    /* Written as subtractions from the length: dpos + 16 wraps for dpos near PY_SSIZE_T_MAX and would pass. The
+     * overlap test adds 16 only to positions already known to be at most hb.len - 16. */
+    if (hb.len < 16 || dpos < 0 || hpos < 0 || dpos > hb.len - 16 || hpos > hb.len - 16 ||
+        (dpos < hpos + 16 && hpos < dpos + 16)) {
         PyBuffer_Release(&hb); PyBuffer_Release(&pb);
         PyErr_SetString(PyExc_ValueError, "checksum positions outside the header or overlapping");
         return NULL;
@@ -199,6 +202,17 @@ static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
     return Py_BuildValue("KK", (unsigned long long)dh, (unsigned long long)hh);
 }
 
+/* Whether cnt pieces of nb bytes, the k-th at off + k * stride, all lie in [0, len). Every argument is
+ * non-negative (checked by the caller). Never forms off + (cnt - 1) * stride + nb, which wraps for large
+ * values (signed overflow: undefined, in practice a negative sum that passes): each step subtracts from
+ * what is left, and the stride term is compared by division. */
+static int run_fits(int64_t off, int64_t nb, int64_t cnt, int64_t stride, Py_ssize_t len) {
+    if (cnt == 0) return 1;
+    if (nb > (int64_t)len || off > (int64_t)len - nb) return 0;
+    int64_t room = (int64_t)len - nb - off;  /* how far the last piece may start past the first */
+    return cnt == 1 || stride == 0 || (cnt - 1) <= room / stride;
+}
+
 /* copy_runs(dst, src, runs): runs is int64 sextuples (src offset, dst offset, bytes, count, src stride, dst
  * stride): count pieces of bytes each, the i-th from src + src offset + i * src stride. Every piece is checked
  * against both buffers first, then all are copied with the GIL released (a DCP row's token runs are thousands
@@ -217,7 +231,7 @@ static PyObject *py_copy_runs(PyObject *self, PyObject *args) {
         const int64_t *x = r + 6 * i;
         int64_t so = x[0], po = x[1], nb = x[2], cnt = x[3], ss = x[4], ps = x[5];
         if (so < 0 || po < 0 || nb < 0 || cnt < 0 || ss < 0 || ps < 0 ||
-            (cnt > 0 && (so + (cnt - 1) * ss + nb > src.len || po + (cnt - 1) * ps + nb > dst.len))) {
+            !run_fits(so, nb, cnt, ss, src.len) || !run_fits(po, nb, cnt, ps, dst.len)) {
             PyErr_SetString(PyExc_ValueError, "a copy run lies outside its buffer");
             goto done;
         }
@@ -227,6 +241,7 @@ static PyObject *py_copy_runs(PyObject *self, PyObject *args) {
         const int64_t *x = r + 6 * i;
         const char *s = (const char *)src.buf + x[0];
         char *d = (char *)dst.buf + x[1];
+        if (x[2] == 0) continue;  /* nothing to copy, however many pieces */
         for (int64_t k = 0; k < x[3]; k++) memmove(d + k * x[5], s + k * x[4], (size_t)x[2]);
     }
     Py_END_ALLOW_THREADS

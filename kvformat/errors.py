@@ -29,11 +29,18 @@ __all__ = [
     "StagingConflictError",
     "UnsafeFileError",
     "RankError",
+    "DestinationError",
 ]
 
 
 class KVFormatError(Exception):
-    """Base class of every kvformat error. ``path`` is set when the error concerns a file."""
+    """Base class of every kvformat error. ``path`` is set when the error concerns a file.
+
+    ``file_id`` is set by the reader when the error came from an open file: which file (version) was
+    read, so that a quarantine moves that file and never one published later under the same name.
+    """
+
+    file_id: Any = None
 
     def __init__(self, message: str, *, path: str | None = None) -> None:
         self.message = message
@@ -190,3 +197,11 @@ class RankError(KVFormatError, RuntimeError):
         self.rank = rank
         self.traceback = tb
         super().__init__(f"rank {rank} failed:\n{tb}")
+
+
+class DestinationError(ValueError):
+    """The caller's destination cannot take a read (too small for the expected layout, outside the row).
+
+    A ``ValueError`` only, not a :class:`KVFormatError`: the file was not at fault, so no handler of bad
+    files (the tier's quarantine, ``verify``) ever condemns a file for it.
+    """

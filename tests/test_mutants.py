@@ -8,6 +8,7 @@ read.
 from __future__ import annotations
 
 import fcntl
+import json
 import mmap
 import os
 import random
@@ -225,3 +226,36 @@ def test_f52_fused_read_of_a_flipped_payload_bit_is_a_checksum_error_and_zeroed(
     with pytest.raises(ChecksumError) as ei:
         _fused.read_into_fused(p, out, expect=PLAIN.layout, key=PLAIN.key, verify=True)
     assert ei.value.region == "data" and bytes(out) == bytes(len(out))
+
+
+# -- F-8.5 before the product (G-1.4): a 1 MB shape list is refused on its length -------------------------
+def test_f85_a_1mb_shape_list_is_refused_before_its_product(tmp_path):
+    """A 1 MB header (valid checksum) whose shape list holds 50,000 large dimensions held the GIL for 10-16 s:
+    the product of the dimensions was formed before their number was checked (G-1.4: work linear in the file
+    size). The bound is structural: the F-8.5 error on the list's length comes first, so no product of more
+    than MAX_DIMS + 1 factors is ever formed; its message counts the dimensions it refused. (Without the
+    check the same header fails later, on F-4.7, after the quadratic product: this test then fails.)"""
+    for s in fuzz.make_seeds(0):
+        data = fuzz.long_shape(s)
+        assert int.from_bytes(data[:8], "little") > 1_000_000  # the header's length field
+        p = tmp_path / f"{s.name}.kvf"
+        p.write_bytes(data)
+        out = bytearray(len(s.payload))
+        for call, arg in ((lambda d, out=out: K.decode(d, out=out), data), (K.read_header, p)):
+            with pytest.raises(SchemaError) as e:
+                call(arg)
+            assert e.value.field == "layer.shape", e.value
+            assert e.value.message.endswith(f"... {len(fuzz.LONG_SHAPE)} dimensions)"), e.value.message[:200]
+
+
+def test_f85_the_layer_table_of_a_compressed_file_is_checked_too():
+    """F-8.5 has two checks: a tensor's shape (uncompressed files, before its product: G-1.4) and a LayerSpec's
+    (the kvf.layers table of a compressed file, whose one tensor is [bytes], and the API). This pins the second."""
+    z = SEEDS["mla3.zstd"]
+    layers = [["model.layers.0.self_attn.attn", "BF16", [16, 4, 2, 2, 4]]]
+    raw = forged(z, lambda d: d["__metadata__"].update({"kvf.layers": json.dumps(layers)}))
+    with pytest.raises(SchemaError) as ei:
+        K.decode(raw)
+    assert ei.value.field == "layer.shape" and "expected 1..4 positive ints, got (16, 4, 2, 2, 4)" in ei.value.message
+    with pytest.raises(SchemaError, match="expected 1..4 positive ints"):
+        K.LayerSpec("l0", "BF16", (16, 4, 2, 2, 4))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -193,3 +194,55 @@ def test_copy_runs_moves_strided_pieces_and_refuses_runs_outside_the_buffers(imp
         assert bytes(dst) == before  # checked before anything is copied
     with pytest.raises((TypeError, BufferError)):
         copy(bytes(16), src, np.array([(0, 0, 8, 1, 8, 8)], dtype=np.int64).tobytes())  # a writable destination
+
+
+# Extreme values whose bounds sums wrap a signed 64-bit integer: the old checks formed so + (cnt - 1) * ss + nb
+# and dpos + 16, which wrap negative, passed, and let the copy or the patch write far outside the buffers
+# (SIGSEGV). Each case runs in a child process, so that such a crash fails this test instead of the run.
+I64 = (1 << 63) - 1
+OVERFLOWING_RUNS = [
+    (0, 0, 8, 2, I64, 8),  # (cnt - 1) * ss + nb wraps
+    (0, 0, 8, 2, 8, I64),  # the same on the destination
+    (1 << 62, 0, 1 << 62, 1, 0, 0),  # so + nb wraps
+    (0, 1 << 62, 16, 3, 0, 1 << 61),  # po + 2 * ps wraps
+    (I64, I64, I64, I64, I64, I64),
+    (8, 8, I64 - 4, 1, 0, 0),
+]
+_OVERFLOW_CHILD = """
+import json, os, sys
+import numpy as np
+from kvformat.format import _native as n
+impl = sys.argv[1]
+copy = n.copy_runs if impl == "native" else n._py_copy_runs
+pwrite = n.pwrite_hash if impl == "native" else n._py_pwrite_hash
+out = []
+for run in json.loads(sys.argv[2]):
+    try:
+        copy(bytearray(4096), bytes(4096), np.array([run], dtype=np.int64).tobytes())
+        out.append("copied")
+    except ValueError as e:
+        out.append(str(e))
+fd = os.open(os.devnull, os.O_WRONLY)
+for d, h in json.loads(sys.argv[3]):
+    hdr = b"h" * 64
+    try:
+        pwrite(fd, hdr, b"payload", d, h)
+        out.append("written")
+    except ValueError as e:
+        out.append(str(e))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("impl", ["native", "fallback"])
+def test_native_bounds_checks_do_not_overflow(impl: str) -> None:
+    if impl == "native" and N is None:
+        pytest.skip("kvformat.format._kvfnative not built (test_native_is_built says why)")
+    ssize_max = sys.maxsize
+    positions = [(ssize_max - 8, 0), (0, ssize_max - 8), (ssize_max, ssize_max - 20), (64, 0), (49, 0), (-1, 16)]
+    r = subprocess.run([sys.executable, "-c", _OVERFLOW_CHILD, impl, json.dumps(OVERFLOWING_RUNS),
+                        json.dumps(positions)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"the {impl} path crashed (signal {-r.returncode}): {r.stderr[-2000:]}"
+    got = json.loads(r.stdout)
+    assert got[:len(OVERFLOWING_RUNS)] == ["a copy run lies outside its buffer"] * len(OVERFLOWING_RUNS)
+    assert got[len(OVERFLOWING_RUNS):] == ["checksum positions outside the header or overlapping"] * len(positions)

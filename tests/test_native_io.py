@@ -150,3 +150,24 @@ def test_fused_write_o_direct_is_byte_identical(tmp_path, where: str) -> None:  
     finally:
         if where == "shm":
             shutil.rmtree(d)
+
+
+def test_fused_read_zero_fills_on_an_eio_part_way(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A read that fails part-way (EIO from the filesystem after some pieces landed) zero-fills the destination:
+    it raised from inside pread_hash, before the read path had noted that the destination was written."""
+    from faulty_fs import FaultyFS
+
+    why = FaultyFS.mount_error()
+    if why:
+        pytest.skip(f"no FUSE view here: {why}")
+    big = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3", "bfloat16",
+                                    [f"model.layers.{i}.self_attn.attn" for i in range(61)], 64, 576)
+    (tmp_path / "backing").mkdir()
+    K.save_file(os.urandom(big.payload_bytes), tmp_path / "backing" / "b.kvf", big, KEY)
+    for eio_from in (8192 + 300_000, 8192 + 4_000_000, 100):  # after one piece, after many, within the header
+        with FaultyFS(str(tmp_path / "backing"), str(tmp_path / "mnt"), eio_from=eio_from) as mnt:
+            out = bytearray(b"\x55" * big.payload_bytes)
+            with pytest.raises(OSError) as e:
+                _fused.read_into_fused(os.path.join(mnt, "b.kvf"), out, expect=big, key=KEY)
+            assert e.value.errno == 5 and not isinstance(e.value, errors.KVFormatError)
+            assert out == bytearray(big.payload_bytes), f"file bytes left in the destination (EIO at {eio_from})"

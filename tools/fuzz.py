@@ -289,9 +289,23 @@ def a_dup_key(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     return assemble(doc, data)
 
 
+# A ~1 MB shape list of large dimensions: its product grows with every factor, so a parser that multiplies
+# before it checks the list's length does quadratic work (10-16 s of GIL for one header, G-1.4).
+LONG_SHAPE = [(1 << 62) + 1] * 50_000
+
+
+def long_shape(s: Seed) -> bytes:
+    """``s`` with its first tensor's shape replaced by LONG_SHAPE (header checksum recomputed)."""
+    doc, data = parse(s)
+    name = next(k for k in doc if k != "__metadata__")
+    doc[name]["shape"] = [doc[name]["shape"][0], *LONG_SHAPE]
+    return assemble(doc, data)
+
+
 def a_json_bomb(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     doc, data = parse(s)
-    bomb = rng.choice((_deep(rng), "x" * rng.choice((100_000, 900_000)), [0] * 100_000, {f"k{i}": i for i in range(20_000)}))
+    bomb = rng.choice((_deep(rng), "x" * rng.choice((100_000, 900_000)), [0] * 100_000,
+                       {f"k{i}": i for i in range(20_000)}, LONG_SHAPE))
     where = rng.randrange(4)
     if where == 0:  # an unknown key may hold any string (newer minor): only a non-string bomb is invalid there
         meta = doc["__metadata__"]
@@ -482,9 +496,10 @@ MUTATORS = {**RAW, **ADV}
 
 
 def systematic(seeds: list[Seed]) -> list[tuple[str, bytes]]:
-    """Deterministic cases run first: truncation at every region boundary, every pair swap."""
+    """Deterministic cases run first: truncation at every region boundary, every pair swap, a 1 MB shape list."""
     out = []
     for s in seeds:
+        out.append(("json_bomb", long_shape(s)))
         for cut in _boundaries(s):
             out.append(("truncate", s.file[:cut]))
         for o in seeds:

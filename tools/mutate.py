@@ -8,7 +8,12 @@ Mutants (each applied alone, in a temporary copy of the tree, never in the worki
 * every ``if`` whose condition line carries an ``F-x.y`` comment gets the condition ``False``;
 * hand-written mutants for checks that are not a single raise: the version regex (F-4.2), the stored
   data checksum (F-5.2), the zero-on-failure code (F-5.5, both call sites and ``invalidate``) and the
-  O_DIRECT branch of ``FileSource.readinto``.
+  O_DIRECT branch of ``FileSource.readinto``;
+* the side paths of spec/GUARANTEES.md: the quarantine's identity checks (G-5.5: local pre- and
+  post-rename checks, the tier's, verify's and the remote verify's use of them, S3's conditions, the
+  content check of other remote backends, the identity each reader attaches), the fused read's zero-fill
+  on every exception (G-1.2), the destination/source distinction (G-1.6), the failed-eviction accounting
+  (G-5.6) and the fallback's checksum-position check (G-1.7). These run only the tests named with them.
 
 A mutant is *killed* when at least one selected test fails (pytest ``-x``: it stops at the first
 failure, so killed mutants are quick); it *survives* when every test passes
@@ -53,6 +58,7 @@ class Mutant:
     old: str
     new: str
     what: str
+    tests: tuple[str, ...] = ()  # when set, the tests this mutant runs (instead of --tests)
 
 
 def _fid_lines(src: str) -> dict[int, str]:
@@ -109,6 +115,57 @@ HAND = [
      "        if True:\n            return _read_exact(self.fd, dst, offset)", "the O_DIRECT branch never runs"),
 ]
 
+SIDE = "tests/test_side_paths.py"
+# The side paths (G-x.y of spec/GUARANTEES.md): (must, path, old, new, what, tests run).
+SIDE_HAND = [
+    ("G-5.5", "kvformat/storage/_local.py", "            elif not file_id.same_file(at):",
+     "            elif False:", "quarantine: no identity check before the rename", (SIDE,)),
+    ("G-5.5", "kvformat/storage/_local.py", "        if file_id.same_file(os.lstat(aside)):",
+     "        if True:", "quarantine: no identity check of the file renamed aside", (SIDE,)),
+    ("G-5.5", "kvformat/storage/_local.py", "        return self._move_if_same(s, d, file_id)",
+     "        return self._move(src, dst, None)", "quarantine: local moves by name", (SIDE,)),
+    ("G-5.5", "kvformat/cache/_rows.py", "            q = self.store.quarantine_read(rel, err)",
+     "            q = Quarantined(\"moved\", self.store.quarantine(rel, reason))", "tier: quarantine by name",
+     (SIDE,)),
+    ("G-5.5", "kvformat/cache/_rows.py", "        if q.outcome == REPLACED:", "        if False:",
+     "tier: a replaced file's entry is dropped and reported removed", (SIDE,)),
+    ("G-5.5", "kvformat/cli/_verify.py", "                q = LocalStore(root).quarantine_read(rel, bad)",
+     "                q = LocalStore(root)._quarantine(rel, bad.reason, None)", "verify: quarantine by name", (SIDE,)),
+    ("G-5.5", "kvformat/cli/_remote.py", "                q = store.quarantine_read(rel, bad_err)",
+     "                q = store._quarantine(rel, bad_err.reason, None)", "remote verify: quarantine by name", (SIDE,)),
+    ("G-5.5", "kvformat/storage/_s3.py", "    if copied != etag:", "    if False:",
+     "S3: the copy of another object is kept (and the delete unconditional)", (SIDE,),
+     ("        await fs._call_s3(\"delete_object\", Bucket=sb, Key=sk, IfMatch=etag)",
+      "        await fs._call_s3(\"delete_object\", Bucket=sb, Key=sk)")),
+    ("G-5.5", "kvformat/storage/_fsspec.py", "        return bool(xxh3_64(cur) == file_id.digest)",
+     "        return True", "remote without ETag: no content check", (SIDE,)),
+    ("G-5.5", "kvformat/format/_read.py", "        _tag(exc, self.ident)\n", "        pass\n",
+     "a FileSource's errors name no file", (SIDE,)),
+    ("G-5.5", "kvformat/format/_fused.py", "            e.file_id = FileId.of_stat(st)",
+     "            pass", "the fused read's errors name no file", (SIDE,)),
+    ("G-1.2", "kvformat/format/_fused.py", "            invalidate(dst[:raw])  # F-5.5: an OSError part-way",
+     "            pass  # F-5.5: an OSError part-way", "fused read: no zero-fill on an OSError",
+     ("tests/test_native_io.py", SIDE)),
+    ("G-1.2", "kvformat/format/_fused.py", "        touched = True\n        try:\n            hgot, dgot, digest",
+     "        touched = False\n        try:\n            hgot, dgot, digest",
+     "fused read: the destination counts as written only after the read returns", ("tests/test_native_io.py", SIDE)),
+    ("G-1.6", "kvformat/cache/_rows.py", "        if chunk_id < 0 or base + self.copies * self.slot > len(self.flat):",
+     "        if False:", "tier: no chunk range check", (SIDE,)),
+    ("G-1.6", "kvformat/format/_read.py", "        if expect is not None:  # the file is what the caller expects",
+     "        if False:  # the file is what the caller expects", "a short destination blames the file", (SIDE,)),
+    ("G-1.6", "kvformat/errors.py", "class DestinationError(ValueError):",
+     "class DestinationError(KVFormatError, ValueError):", "a destination error is a bad-file error", (SIDE,)),
+    ("G-5.6", "kvformat/cache/_rows.py",
+     "            self.index.keep([(rel, size) for rel, size in victims if rel not in done])",
+     "            self.index.forget(rel for rel, _ in victims if rel not in done)",
+     "eviction: a victim whose delete failed is forgotten", (SIDE,)),
+    ("G-5.6", "kvformat/cache/_lru.py", "                if rel in self._pins or rel == keep or rel in self._stuck:",
+     "                if rel in self._pins or rel == keep:", "eviction: a stuck file is picked first again", (SIDE,)),
+    ("G-1.7", "kvformat/format/_native.py", "    if (n < 16 or dxxh3_pos < 0",
+     "    if False and (n < 16 or dxxh3_pos < 0", "fallback pwrite_hash: no position check",
+     ("tests/test_native.py::test_native_bounds_checks_do_not_overflow",)),
+]
+
 
 # Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
 # mutated statement's first line. Reported as "equivalent", not as survivors.
@@ -130,12 +187,19 @@ def all_mutants() -> list[Mutant]:
     muts: list[Mutant] = []
     for p in FILES:
         muts += auto_mutants(p)
-    for must, path, old, new, what in HAND:
+    for must, path, old, new, what, *more in [*HAND, *SIDE_HAND]:
         src = open(os.path.join(ROOT, path)).read()
+        tests: tuple[str, ...] = more[0] if more else ()
+        if len(more) > 1:  # a second edit in the same file, applied with the first: one span from one to the other
+            old2, new2 = more[1]
+            a, b = src.find(old), src.find(old2)
+            if src.count(old) == 1 and src.count(old2) == 1 and a < b:
+                new = new + src[a + len(old):b] + new2
+                old = src[a:b + len(old2)]
         if src.count(old) != 1:
             print(f"warning: hand mutant {must} ({what}) does not apply to {path}: the code moved", file=sys.stderr)
             continue
-        muts.append(Mutant("", must, path, src[:src.index(old)].count("\n") + 1, old, new, what))
+        muts.append(Mutant("", must, path, src[:src.index(old)].count("\n") + 1, old, new, what, tests))
     for i, m in enumerate(muts, 1):
         m.mid = f"M{i:02d}"
     return muts
@@ -228,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in muts:
             original = apply(tree, m)
             try:
-                tests = a.tests + (IO_TESTS if m.path in IO_FILES else [])
-                tests = [t for t in tests if os.path.exists(os.path.join(tree, t))]
+                tests = list(m.tests) or a.tests + (IO_TESTS if m.path in IO_FILES else [])
+                tests = [t for t in tests if os.path.exists(os.path.join(tree, t.split("::")[0]))]
                 killed, by, dt = run_tests(tree, tests, a.timeout)
             finally:
                 with open(os.path.join(tree, m.path), "w") as f:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..format._files import is_regular_file, iter_files, read_small_file
-from ..format._io import read_header, read_into
+from ..format._read import FileSource, read_header_from, read_payload_from
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ..format._placement import placement_error
 from ._scan_stats import NamespaceStats, ProgressSink, ScanResult, os_error_text, totals
@@ -27,8 +27,8 @@ from ..storage import StoreEntry
 from ..storage._local import scan_entries
 
 __all__ = ["ProgressSink", "NamespaceStats", "ScanResult", "namespace_dirs", "orphan_namespaces", "not_a_root",
-           "scan_root", "scan_store",
-           "quarantine_summary", "find_store_root", "os_error_text", "totals"]
+           "scan_root", "scan_store", "quarantine_summary", "find_store_root", "os_error_text", "totals",
+           "check_block_file"]
 
 
 def namespace_dirs(root: str) -> set[str]:
@@ -71,18 +71,31 @@ def not_a_root(path: str, verb: str) -> str:
     return msg
 
 
+def check_block_file(path: str, relpath: str | None, *, verify: bool) -> BlockHeader:
+    """What a load of the file at ``path`` would find: its header, checked against its place (``relpath``
+    inside a root, None: not checked) and, with ``verify``, its payload.
+
+    Header and payload come through one descriptor, so a KVFormatError names the one file read
+    (``file_id``): ``verify --quarantine`` then moves that file and never one that replaced it since.
+    """
+    try:
+        with FileSource(path) as src:
+            hdr = read_header_from(src, True)
+            err = placement_error(relpath, hdr) if relpath is not None else None
+            if err is not None:
+                raise err
+            if verify:
+                read_payload_from(src, bytearray(hdr.raw_bytes), verify=True)
+    except KVFormatError as e:
+        raise e.with_path(path) from None
+    return hdr
+
+
 def _check_entry(root: str, e: StoreEntry, verify: bool
                  ) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]:
     """What a load of the file would find: its header (and payload), checked against its path."""
-    path = os.path.join(root, e.relpath)
     try:
-        hdr = read_header(path, verify=True)
-        err = placement_error(e.relpath, hdr)
-        if err is not None:
-            return e, None, err.with_path(path)
-        if verify:
-            read_into(path, bytearray(hdr.raw_bytes), verify=True)
-        return e, hdr, None
+        return e, check_block_file(os.path.join(root, e.relpath), e.relpath, verify=verify), None
     except KVFormatError as err:
         return e, None, err
     except FileNotFoundError:  # removed since listing (gc, a tier quarantining it)

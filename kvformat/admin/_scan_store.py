@@ -22,8 +22,16 @@ def _chunks(entries: Sequence[StoreEntry], n: int) -> Iterator[Sequence[StoreEnt
         yield entries[i:i + n]
 
 
+def placed(relpath: str, hdr: BlockHeader) -> None:
+    """Raise the error a load would raise for a file stored at ``relpath`` (:func:`placement_error`): a check
+    for :meth:`Store.read_headers_many`, so the error names the object read (a quarantine moves only it)."""
+    err = placement_error(relpath, hdr)
+    if err is not None:
+        raise err
+
+
 def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]:
-    return store.read_headers_many(rels, verify=True)  # batched and concurrent on remote stores
+    return store.read_headers_many(rels, verify=True, check=placed)  # batched and concurrent on remote stores
 
 
 def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
@@ -96,10 +104,6 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
             return False
         if isinstance(r, BaseException):
             raise r
-        err = placement_error(e.relpath, r)
-        if err is not None:
-            fail(e, err)
-            return False
         if progress is not None and not verify:
             progress.update(e.size)
         return True

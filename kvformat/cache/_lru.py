@@ -32,6 +32,10 @@ Exactness under races (each one has a test in tests/test_index.py):
   (see ``reserve``), plus files of concurrent writes that found nothing indexed to evict when they
   reserved, plus victims handed out and not yet deleted. The slack ends with its cause: ``add`` and
   the last ``unpin`` of a file report an index over the bound, and the caller evicts then.
+* A victim whose delete failed (EPERM, EACCES, a timeout) is still on storage: ``keep`` counts it
+  again and marks it *stuck*. The bound then evicts other files first and hands a stuck file out
+  again only when nothing else can make room, so the index never says less than storage holds; if
+  only stuck and pinned files are left, storage exceeds the bound by exactly the stuck files.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class LRUIndex:
         self._events = 0
         self._doomed: Counter[str] = Counter()  # handed out as victims, not yet deleted
         self._writing: Counter[str] = Counter()  # stores between reserve(…, relpath) and add/release
+        self._stuck: set[str] = set()  # indexed files whose eviction failed: victims only as a last resort
         self._removed_during_scan: set[str] | None = None
 
     # -- queries ---------------------------------------------------------------------------------
@@ -161,6 +166,7 @@ class LRUIndex:
         return True
 
     def _drop_locked(self, relpath: str) -> int | None:
+        self._stuck.discard(relpath)
         size = self._hot.pop(relpath, None)
         if size is None:
             cold = self._cold.pop(relpath, None)
@@ -260,17 +266,38 @@ class LRUIndex:
             return self._victims_locked()
 
     def forget(self, relpaths: Iterable[str]) -> None:
-        """The caller deleted (or tried to delete) these victims: they are no longer doomed."""
+        """The caller deleted these victims (or found them gone): they are no longer doomed."""
         with self._lock:
             for rel in relpaths:
-                n = self._doomed.get(rel, 0)
-                if n <= 1:
-                    self._doomed.pop(rel, None)
-                else:
-                    self._doomed[rel] = n - 1
+                self._undoom_locked(rel)
                 # A reader pinned while the victim was doomed may have read the file now deleted.
                 self._mark_gone_locked(rel, scan=False)
             self._gone.notify_all()
+
+    def keep(self, victims: Iterable[tuple[str, int]]) -> None:
+        """These victims could not be deleted: they are still on storage, so they are counted again (least
+        recently used first) and marked stuck (see the module). No longer doomed either way."""
+        with self._lock:
+            for rel, size in victims:
+                self._undoom_locked(rel)
+                if rel in self._hot or rel in self._cold or self._doomed.get(rel):
+                    continue  # indexed again meanwhile (a store rewrote it), or another eviction of it is pending
+                self._hot[rel] = size
+                self._hot.move_to_end(rel, last=False)
+                self._used += size
+                self._stuck.add(rel)
+            self._gone.notify_all()
+
+    def stuck(self) -> int:
+        """How many indexed files could not be evicted (their delete failed)."""
+        return len(self._stuck)
+
+    def _undoom_locked(self, rel: str) -> None:
+        n = self._doomed.get(rel, 0)
+        if n <= 1:
+            self._doomed.pop(rel, None)
+        else:
+            self._doomed[rel] = n - 1
 
     def wait_gone(self, relpath: str) -> None:
         """Block until no eviction and no other store's write of ``relpath`` is in progress (a store then
@@ -297,7 +324,7 @@ class LRUIndex:
             cold = self._cold.get(rel)
             if cold is None or cold[1] != mtime:
                 continue  # touched or removed since the scan: a stale row
-            if rel in self._pins:
+            if rel in self._pins or rel in self._stuck:
                 skipped.append((mtime, rel))
                 continue
             del self._cold[rel]
@@ -313,7 +340,7 @@ class LRUIndex:
             for rel, size in self._hot.items():  # iterate, never copy: O(victims + pinned skipped)
                 if excess <= 0:
                     break
-                if rel in self._pins or rel == keep:
+                if rel in self._pins or rel == keep or rel in self._stuck:
                     continue
                 picked.append((rel, size))
                 excess -= size
@@ -321,6 +348,16 @@ class LRUIndex:
                 del self._hot[rel]
                 self._used -= size
             out += picked
+        if excess > 0 and self._stuck:  # nothing else makes room: try the files whose delete failed again
+            for rel in sorted(self._stuck):
+                if excess <= 0:
+                    break
+                if rel in self._pins or rel == keep:
+                    continue
+                dropped = self._drop_locked(rel)
+                if dropped is not None:
+                    out.append((rel, dropped))
+                    excess -= dropped
         for rel, _ in out:
             self._doomed[rel] += 1
             self._mark_gone_locked(rel)

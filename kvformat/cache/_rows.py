@@ -22,10 +22,12 @@ from ..format._header import check_layout
 from ..format._paths import hash_relpath
 from ..format._spec import BlockKey, CanonicalLayout, Provenance
 from ..layout._rules import RowPlan
-from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
+from ..errors import ChecksumError, DestinationError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
 from ..format._fused import read_into_fused, write_block_fused
 from ..format._native import xxh3_64
+from ..format._spec import BlockHeader
 from ..storage import Store
+from ..storage._base import REPLACED, Quarantined
 from ..storage._local import LocalStore
 from ._config import TierConfig
 from ._lru import LRUIndex
@@ -126,44 +128,70 @@ class RowEngine:
     def delete_victims(self, victims: list[tuple[str, int]]) -> None:
         if not victims:
             return
-        gone = []
+        gone: list[str] = []
         try:
             for rel, size in victims:
-                self._mtimes.pop(rel, None)
                 try:
                     self.store.delete(rel)
-                except OSError as e:  # still counted as evicted: it is out of the index either way
-                    self.warn_once("evict_error", "kvformat tier: could not delete %s: %s", rel, e)
+                except OSError as e:
+                    # Still on storage: counted again (LRUIndex.keep), so the index never says less than the
+                    # disk holds; other files are evicted first and this one is retried when nothing else fits.
+                    self.warn_once("evict_error", "kvformat tier: could not delete %s: %s; it stays counted "
+                                   "and is retried when nothing else can be evicted", rel, e)
+                    continue
+                self._mtimes.pop(rel, None)
                 gone.append(rel)
                 self.counters.add(evictions=1, evicted_bytes=size)
         finally:
             # Every victim stops being doomed, deleted or not: a store waiting to rewrite it proceeds.
-            self.index.forget(rel for rel, _ in victims)
+            done = set(gone)
+            self.index.forget(gone)
+            self.index.keep([(rel, size) for rel, size in victims if rel not in done])
         self.on_removed(gone)
 
-    def quarantine(self, rel: str, err: KVFormatError) -> None:
+    def quarantine(self, rel: str, err: KVFormatError, since: int | None = None) -> None:
+        """A read of ``rel`` found the file bad (``err``): move that very file aside, then forget it.
+
+        Only the file that was read moves (``err.file_id``; :meth:`Store.quarantine_read`): a store of the
+        same block may have replaced it since (quarantining it itself, then publishing a fresh file), and
+        that file stays, indexed. ``since``: the reader's pin token; an entry a store indexed after it is
+        kept (:meth:`LRUIndex.remove`).
+        """
         reason = err.reason
-        self.index.remove(rel)
         self._mtimes.pop(rel, None)
         try:
-            moved = self.store.quarantine(rel, reason)
+            q = self.store.quarantine_read(rel, err)
         except OSError as e:
-            moved = None
+            q = Quarantined("failed")
             self.warn_once("quarantine_error", "kvformat tier: could not quarantine %s: %s", rel, e)
         self.counters.add(corrupt_files=1, checksum_failures=int(isinstance(err, ChecksumError)),
                           layout_mismatches=int(isinstance(err, LayoutMismatchError)))
         self.counters.add_quarantine(reason)
-        self.warn_once(reason, "kvformat tier: %s; served as a miss, file moved to %s", err, moved)
+        if q.outcome == REPLACED:  # the name holds a newer file than the one read: its entry, if any, is its own
+            self.warn_once(reason, "kvformat tier: %s; served as a miss, left in place: a newer file has taken its "
+                           "name", err)
+            return
+        self.index.remove(rel, since)
+        self.warn_once(reason, "kvformat tier: %s; served as a miss, file moved to %s", err, q.relpath)
         self.on_removed([rel])
+
+    def _chunk_base(self, chunk_id: int) -> int:
+        """Where chunk ``chunk_id``'s row starts in the primary buffer; DestinationError when it is not there
+        (the caller's mistake: no file is read, written or condemned for it)."""
+        base = chunk_id * self.stride
+        if chunk_id < 0 or base + self.copies * self.slot > len(self.flat):
+            raise DestinationError(f"chunk {chunk_id} is outside the primary buffer ({len(self.flat)} bytes, "
+                                   f"rows of {self.stride} bytes)")
+        return base
 
     # -- store ---------------------------------------------------------------------------------
     def store_chunk(self, h: str, chunk_id: int) -> tuple[str, int]:
         """Write chunk ``chunk_id``'s canonical payload as block ``h``. Returns (outcome, bytes written)."""
         rel = self.relpath(h)
+        base = self._chunk_base(chunk_id)
         if self.index.touch(rel):
             self.counters.add(dedup_saved_bytes=self.copies * self.slot)
             return EXISTS, 0
-        base = chunk_id * self.stride
         digests: list[int] | None = None
         if self.plan.shards:
             sharded = self._gather_shards(h, base)
@@ -211,7 +239,7 @@ class RowEngine:
             # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
             since = self.index.pin(rel)
             try:
-                existing = self._check_existing(rel, key)
+                existing = self._check_existing(rel, key, since)
                 if existing is not None and self.index.add_found(rel, existing, since):
                     self.counters.add(dedup_saved_bytes=self.copies * self.slot)
                     return EXISTS, 0
@@ -260,30 +288,35 @@ class RowEngine:
         self.plan.gather(self.flat[slot_base:slot_base + self.slot], out)
         return out
 
-    def _check_existing(self, rel: str, key: BlockKey) -> int | None:
+    def _check_existing(self, rel: str, key: BlockKey, since: int) -> int | None:
         """Size of a valid existing file; None after quarantining an invalid one (or if it vanished)."""
         try:
-            hdr: Any = self.store.read_header(rel, verify=True)
+            hdr: Any = self.store.read_header(rel, verify=True, check=self._header_check(key))
         except (FileNotFoundError, KVFormatError) as e:
             hdr = e
-        return self._accept_header(rel, key, hdr)
+        return self._accept_header(rel, hdr, since)
 
-    def _accept_header(self, rel: str, key: BlockKey, hdr: Any) -> int | None:
-        """Size of the file whose header (or read error) is ``hdr`` if it is valid for ``key``; else None,
-        quarantining a file that is there but wrong. Other OS errors propagate (the caller decides)."""
-        if isinstance(hdr, FileNotFoundError):
-            return None
-        if isinstance(hdr, BaseException) and not isinstance(hdr, KVFormatError):
-            raise hdr
-        try:
-            if isinstance(hdr, KVFormatError):
-                raise hdr
+    def _header_check(self, key: BlockKey) -> Callable[[str, BlockHeader], None]:
+        """The key and layout check (F-9.1, F-9.2) a load makes, run on a header while its file is open, so
+        a mismatch names the file read (its quarantine moves exactly that file)."""
+        layout = self.layout
+
+        def check(_rel: str, hdr: BlockHeader) -> None:
             if hdr.key != key:
                 raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
-            check_layout(hdr.layout, self.layout)
-        except KVFormatError as e:
-            self.quarantine(rel, e.with_path(rel))
+            check_layout(hdr.layout, layout)
+        return check
+
+    def _accept_header(self, rel: str, hdr: Any, since: int) -> int | None:
+        """Size of the file whose checked header (or read error) is ``hdr``; else None, quarantining the file
+        read when it is there but wrong. Other OS errors propagate (the caller decides)."""
+        if isinstance(hdr, FileNotFoundError):
             return None
+        if isinstance(hdr, KVFormatError):
+            self.quarantine(rel, hdr.with_path(rel), since)
+            return None
+        if isinstance(hdr, BaseException):
+            raise hdr
         return int(hdr.file_bytes)
 
     # -- fused local I/O (kvformat._native) --------------------------------------------------------
@@ -308,7 +341,7 @@ class RowEngine:
     def load_chunk(self, h: str, chunk_id: int) -> int | None:
         """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
         rel = self.relpath(h)
-        base = chunk_id * self.stride
+        base = self._chunk_base(chunk_id)
         since = self.index.pin(rel)
         try:
             dst = self.flat[base:base + self.payload_bytes] if self.plan.contiguous else self._buffer(0)
@@ -320,7 +353,7 @@ class RowEngine:
                 self.on_removed([rel])
                 return None
             except KVFormatError as e:
-                self.quarantine(rel, e)
+                self.quarantine(rel, e, since)
                 return None
             except OSError as e:
                 self.index.remove(rel, since)
@@ -367,10 +400,12 @@ class RowEngine:
             # before the reads: an eviction meanwhile makes add_found refuse the file
             since = [self.index.pin(rel) for rel in pinned]
             try:
-                got: list[Any] = self.store.read_headers_many(pinned, verify=True)
+                keys = {rels[i]: BlockKey(hs[i], self.layout.group) for i in todo}
+                got: list[Any] = self.store.read_headers_many(
+                    pinned, verify=True, check=lambda rel, hdr: self._header_check(keys[rel])(rel, hdr))
                 for i, hdr, t in zip(todo, got, since):
                     try:
-                        size = self._accept_header(rels[i], BlockKey(hs[i], self.layout.group), hdr)
+                        size = self._accept_header(rels[i], hdr, t)
                     except OSError as e:
                         self.warn_once(f"probe:{type(e).__name__}", "kvformat tier: lookup failed: %s", e)
                         size = None

@@ -141,7 +141,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
     bad = scan_root(dst, verify=True).bad
     root, _ = find_store_root(dst)
     for rel, err in bad:
-        q = store.quarantine(rel, err.reason)
+        q = store.quarantine_read(rel, err).relpath
         print(f"kvformat verify --quarantine: {rel} -> {q} (exit code 1)")
     ok &= len(bad) == 1
     tp_ok = {tp: n for tp, n in read_back.items()}

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, block_path_parts
-from ..format._placement import placement_error
 from ..errors import KVFormatError
 from ..storage import Store, open_store
 from ..admin._scan import ProgressSink, scan_store, totals
+from ..admin._scan_store import placed
 from ._inspect import file_view
-from ._util import UsageError
+from ._util import UsageError, note_quarantine
 
 # Objects per header round, and payload bytes held in memory per verify round.
 _BATCH = 256
@@ -96,12 +96,8 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
         in_ns = parts is not None and store.exists(f"{parts[0]}/{NAMESPACE_FILE}")
         errs: list[tuple[str, KVFormatError]] = []
         try:
-            h = store.read_header(rel, verify=True)
-            err = placement_error(rel, h) if in_ns else None
-            if err is None:
-                store.read_into(rel, bytearray(h.raw_bytes), verify=True)
-            else:
-                errs = [(rel, err)]
+            h = store.read_header(rel, verify=True, check=placed if in_ns else None)
+            store.read_into(rel, bytearray(h.raw_bytes), verify=True)
         except KVFormatError as e:
             errs = [(rel, e)]
         except FileNotFoundError:
@@ -128,10 +124,9 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
                                        "namespace.json): never quarantined"})
         elif quarantine:
             try:
-                new = store.quarantine(rel, bad_err.reason)
+                q = store.quarantine_read(rel, bad_err)  # only the object that was read (its ETag or bytes)
             except OSError as qe:
                 rep["quarantine_failed"].append({"path": f"{store.root}/{rel}", "error": str(qe)})
                 continue
-            if new:
-                rep["quarantined"].append(f"{store.root}/{new}")
+            note_quarantine(rep, f"{store.root}/{rel}", q, store.root, "/")
     return rep

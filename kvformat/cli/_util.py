@@ -13,8 +13,10 @@ from typing import Any, TextIO
 
 from ..format._sizes import format_size, parse_limit, parse_size
 from ..errors import UsageError
+from ..storage._base import REPLACED, Quarantined
 
 __all__ = [
+    "note_quarantine",
     "MAX_JOBS",
     "Progress",
     "UsageError",
@@ -203,3 +205,14 @@ def umask() -> int:
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+def note_quarantine(rep: dict[str, Any], where: str, q: Quarantined, root: str, sep: str) -> None:
+    """Record what a quarantine did in the verify report: moved (to ``root + sep + q.relpath``), or left alone
+    because the file at that name is not the one found bad (replaced since the check: written afresh)."""
+    if q.relpath is not None:
+        rep["quarantined"].append(f"{root}{sep}{q.relpath}")
+    elif q.outcome == REPLACED:
+        rep["ignored"].append({"path": where, "why": "replaced since it was checked (a newer file holds its name): "
+                               "not quarantined"})
+

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..format._io import read_header, read_into
 from ..format._paths import block_path_parts
-from ..format._placement import placement_error
 from ..errors import KVFormatError
 from ..legacy._rows import is_legacy_root
 from ..storage import LocalStore
-from ..admin._scan import ProgressSink, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root
+from ..admin._scan import (
+    ProgressSink, check_block_file, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root,
+)
 from ._inspect import inspect_legacy, inspect_legacy_file, legacy_file_namespace
-from ._util import UsageError
+from ._util import UsageError, note_quarantine
 
 _NO_QUARANTINE_LEGACY = "--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by"
 
@@ -37,7 +37,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         rep = verify_url(path, quarantine=quarantine, progress=progress)
         return _finish(rep)
     rep = _report(path)
-    targets: list[tuple[str, str, str]] = []  # (store root, relpath, reason) of files that may be quarantined
+    targets: list[tuple[str, str, KVFormatError]] = []  # (store root, relpath, error) of files that may be quarantined
     if os.path.isfile(path):
         hit = legacy_file_namespace(path) if path.endswith(".bin") else None
         if hit is not None:
@@ -59,11 +59,9 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         root, rel = find_store_root(path)
         in_ns = block_path_parts(rel) is not None and rel.split("/", 1)[0] in namespace_dirs(root)
         rep["checked"] = 1
+        err: KVFormatError | None = None
         try:
-            hdr = read_header(path, verify=True)
-            err = placement_error(rel, hdr) if in_ns else None
-            if err is None:
-                read_into(path, bytearray(hdr.raw_bytes), verify=True)
+            check_block_file(path, rel if in_ns else None, verify=True)
         except KVFormatError as e:
             err = e
         except OSError as e:
@@ -72,7 +70,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         if err is not None:
             rep["bad"].append({"path": path, "reason": err.reason, "message": err.message})
             if in_ns:
-                targets.append((root, rel, err.reason))
+                targets.append((root, rel, err))
         if not in_ns:
             rep["ignored"].append({"path": path, "why": "not a block file inside a kvformat namespace: placement "
                                    "not checked, never quarantined"})
@@ -93,7 +91,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
             for rel, err in res.bad:
                 rep["bad"].append({"path": os.path.join(root, rel), "reason": err.reason, "message": err.message})
                 if rel.split("/", 1)[0] in res.namespaces:
-                    targets.append((root, rel, err.reason))
+                    targets.append((root, rel, err))
                 elif quarantine:
                     rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "
                                            "(no regular namespace.json): never quarantined"})
@@ -114,14 +112,13 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
     else:
         raise UsageError(f"{path}: no such file or directory")
     if quarantine:
-        for root, rel, reason in targets:
+        for root, rel, bad in targets:
             try:
-                new = LocalStore(root).quarantine(rel, reason)
+                q = LocalStore(root).quarantine_read(rel, bad)  # only the file that was read (G-5.5)
             except OSError as e:  # a read-only tree: keep the report, say what was not moved
                 rep["quarantine_failed"].append({"path": os.path.join(root, rel), "error": os_error_text(e)})
                 continue
-            if new:
-                rep["quarantined"].append(os.path.join(root, new))
+            note_quarantine(rep, os.path.join(root, rel), q, root, os.sep)
     return _finish(rep)
 
 

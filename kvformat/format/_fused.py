@@ -14,7 +14,7 @@ from typing import Any
 
 from ._block import as_bytes_view, check_expected, invalidate
 from ._header import _hxxh3_pos, decode_header
-from ._read import _O_DIRECT, _open_regular
+from ._read import _O_DIRECT, FileId, _open_regular
 from ._consts import ALIGNMENT, MAX_HEADER_BYTES
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
 from ._write import TempFile, publish, temp_name
@@ -29,12 +29,14 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
 
     The header region's size is guessed as (file size - payload size), exact for every uncompressed
     file of ``expect``'s layout. Unlike :func:`read_into`, ``out`` is written before the header is
-    checked: on any kvformat error it is zero-filled (never left holding the file's bytes), so it suits
-    a caller for which any failure is a miss (the tier), not one that needs ``out`` untouched on a
-    layout mismatch. Anything the guess does not fit (compressed files, other layouts) takes
-    :func:`read_into`. ``o_direct``: the same one read through an O_DIRECT descriptor when ``out`` is
-    page-aligned and the payload a whole number of pages (else, or where the filesystem refuses it,
-    buffered). Raises what :func:`read_into` raises.
+    checked: on any failure once the read has started (a kvformat error, or an OSError such as EIO
+    part-way through) it is zero-filled (never left holding the file's bytes), so it suits a caller for
+    which any failure is a miss (the tier), not one that needs ``out`` untouched on a layout mismatch.
+    A destination smaller than the payload of a file that is what ``expect`` says raises
+    ``DestinationError`` (the file is not at fault), as :func:`read_into` does. Anything the guess does
+    not fit (compressed files, other layouts) takes :func:`read_into`. ``o_direct``: the same one read
+    through an O_DIRECT descriptor when ``out`` is page-aligned and the payload a whole number of pages
+    (else, or where the filesystem refuses it, buffered). Raises what :func:`read_into` raises.
     """
     from . import _io, _native  # _io: the general read, for files the guess does not fit
 
@@ -45,23 +47,28 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     fd = _open_direct(p) if direct else _open_regular(p)
     touched = False
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         guess = size - raw
         if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
             return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
         head = _head_buffer(guess) if direct else bytearray(guess)
         body = dst[:raw]
+        # Set before the read, not after it returns: a read that fails part-way (EIO on a later piece) has
+        # already put unverified file bytes into the destination, and they must not stay there (F-5.5).
+        touched = True
         try:
             hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         except OSError as e:
             if not direct or e.errno != errno.EINVAL:
                 raise
             os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
+            fd = -1
             fd = _open_regular(p)
+            st = os.fstat(fd)
             direct = False
             head = bytearray(guess)
             hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
-        touched = dgot > 0
         hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
         check_expected(hdr, expect, key)
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
@@ -78,13 +85,16 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     except KVFormatError as e:
         if touched:
             invalidate(dst[:raw])  # F-5.5: wrong bytes never stay in the destination
+        if e.file_id is None:  # the file this descriptor read, for a quarantine (FileId)
+            e.file_id = FileId.of_stat(st)
         raise e.with_path(p) from None  # the same error, now naming its file
     except BaseException:
         if touched:
-            invalidate(dst[:raw])
+            invalidate(dst[:raw])  # F-5.5: an OSError part-way through the read too
         raise
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 _HEADS = threading.local()  # per-thread page-aligned header buffers for O_DIRECT reads (no mmap per read)

@@ -8,7 +8,8 @@ import json
 from typing import Any, cast
 
 from ._consts import (
-    CODECS, DTYPE_SIZES, HEX64_LEN, MAX_LAYERS, MAX_PAYLOAD_BYTES, OPAQUE_LAYER, ZSTD_TENSOR, parse_hex, parse_uint,
+    CODECS, DTYPE_SIZES, HEX64_LEN, MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, OPAQUE_LAYER, ZSTD_TENSOR, parse_hex,
+    parse_uint,
 )
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance, with_roles
 from ..errors import InvalidJSONError, OversizedHeaderError, SchemaError
@@ -57,6 +58,9 @@ def _parse_tensors(text: str) -> _TensorTable:
             raise SchemaError(f"tensor {name[:60]}", "shape and data_offsets must be lists of ints")
         if not isinstance(t["dtype"], str) or t["dtype"] not in DTYPE_SIZES:  # a list/dict is unhashable
             raise SchemaError(f"tensor {name[:60]}.dtype", f"unknown dtype {str(t['dtype'])[:20]!r}")  # F-4.7
+        if len(shape) > MAX_DIMS + 1:  # [blocks, *per-block shape]: checked before the product, which grows
+            # with every dimension (a 1 MiB list of large ints made it quadratic: G-1.4, work linear in the file)
+            raise SchemaError("layer.shape", f"expected 1..{MAX_DIMS} positive ints, got {_dims(shape[1:])}")  # F-8.5
         numel = 1
         for d in shape:
             if d < 0:
@@ -76,6 +80,13 @@ def _parse_tensors(text: str) -> _TensorTable:
                               f"expected to start at {pos}, starts at {begin}")
         pos = stop
     return _TensorTable(tuple((name, dtype, shape) for _, _, name, dtype, shape in entries), pos)
+
+
+def _dims(shape: list[int]) -> str:
+    """A per-block shape as LayerSpec's F-8.5 message shows it, bounded in length."""
+    if len(shape) <= 2 * MAX_DIMS:
+        return repr(tuple(shape))
+    return "(" + ", ".join(str(d)[:20] for d in shape[:MAX_DIMS + 1]) + f", ... {len(shape)} dimensions)"
 
 
 def _meta_str(meta: dict[str, Any], k: str, required: bool = True) -> Any:

@@ -58,6 +58,11 @@ def _py_pread_hash(fd: int, head: Any, dst: Any, offset: int, *, hash: bool = Tr
 
 def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_pos: int, offset: int = 0,
                     piece: int = PIECE) -> tuple[int, int]:
+    n = len(memoryview(header).cast("B"))
+    # The native checks, word for word: a slice assignment past the end would grow the header instead.
+    if (n < 16 or dxxh3_pos < 0 or hxxh3_pos < 0 or dxxh3_pos > n - 16 or hxxh3_pos > n - 16
+            or (dxxh3_pos < hxxh3_pos + 16 and hxxh3_pos < dxxh3_pos + 16)):
+        raise ValueError("checksum positions outside the header or overlapping")
     dh = xxhash.xxh3_64_intdigest(payload)
     hdr = bytearray(header)
     hdr[dxxh3_pos:dxxh3_pos + 16] = f"{dh:016x}".encode()
@@ -83,6 +88,8 @@ def _py_copy_runs(dst: Any, src: Any, runs: Any) -> None:
                                                           or po + (cnt - 1) * ps + nb > len(d))):
             raise ValueError("a copy run lies outside its buffer")
     for so, po, nb, cnt, ss, ps in r.tolist():
+        if nb == 0:
+            continue
         for k in range(cnt):
             d[po + k * ps:po + k * ps + nb] = s[so + k * ss:so + k * ss + nb]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from dataclasses import dataclass
 from typing import Any
 
 from ._block import as_bytes_view, check_expected, invalidate, verify_data
@@ -13,10 +14,50 @@ from ._header import decode_header, header_length
 from ._consts import ALIGNMENT
 from ._files import read_exact as _read_exact
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
-from ..errors import LayoutMismatchError, NotKVFormatError, TruncatedError
+from ..errors import DestinationError, KVFormatError, LayoutMismatchError, NotKVFormatError, TruncatedError
 
 FIRST_READ = 2 * ALIGNMENT  # a 61-layer header fits here, so most files need one header read
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+@dataclass(frozen=True)
+class FileId:
+    """Which file a read went through: what a quarantine checks before it moves anything (G-5.5).
+
+    A local file is its device and inode, plus size and mtime (ns), all from ``fstat`` of the descriptor
+    read: an inode number is reused once a file is deleted, and the new file differs in mtime. A remote
+    object is the ETag its GET answered with (S3), else its size and the xxh3 of the ``span`` bytes read
+    from offset 0 (its content: a replacement that differs from the bad bytes cannot match them).
+    """
+
+    size: int
+    dev: int = -1
+    ino: int = -1
+    mtime_ns: int = -1
+    etag: str | None = None
+    span: int = 0
+    digest: int | None = None
+
+    @classmethod
+    def of_stat(cls, st: os.stat_result) -> "FileId":
+        """The identity of a local file from its ``stat``."""
+        return cls(size=st.st_size, dev=st.st_dev, ino=st.st_ino, mtime_ns=st.st_mtime_ns)
+
+    @property
+    def local(self) -> bool:
+        """Whether this names a local file (device and inode)."""
+        return self.ino >= 0
+
+    def same_file(self, st: os.stat_result) -> bool:
+        """Whether ``st`` (an ``lstat`` of the path now) is the very file that was read."""
+        return (self.local and st.st_ino == self.ino and st.st_dev == self.dev and st.st_size == self.size
+                and st.st_mtime_ns == self.mtime_ns)
+
+
+def _tag(exc: BaseException | None, ident: Any) -> None:
+    # A kvformat error raised while a file is open names the file it came from (see FileId).
+    if isinstance(exc, KVFormatError) and exc.file_id is None:
+        exc.file_id = ident() if callable(ident) else ident
 
 
 class FileSource:
@@ -33,10 +74,11 @@ class FileSource:
         self.path = path
         self.fd = _open_regular(path)
         try:
-            self.size = os.fstat(self.fd).st_size
+            self.ident = FileId.of_stat(os.fstat(self.fd))
         except BaseException:
             os.close(self.fd)
             raise
+        self.size = self.ident.size
         self.o_direct = o_direct and bool(_O_DIRECT)
         self.direct_bytes = 0
 
@@ -86,23 +128,39 @@ class FileSource:
             os.close(self.fd)
             self.fd = -1
 
+    def identity(self) -> FileId:
+        """The file this source reads (fstat at open)."""
+        return self.ident
+
     def __enter__(self) -> "FileSource":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        _tag(exc, self.ident)
         self.close()
 
 
 class BytesSource:
     """A file, or its first bytes, held in memory (what a remote store fetched).
 
-    ``size`` is the object's full size when ``buf`` holds only a prefix of it (a ranged header read).
+    ``size`` is the object's full size when ``buf`` holds only a prefix of it (a ranged header read);
+    ``etag`` the ETag the server answered the GET with, when it gives one.
     """
 
-    def __init__(self, buf: Any, size: int | None = None) -> None:
+    def __init__(self, buf: Any, size: int | None = None, *, etag: str | None = None) -> None:
         self._mv = as_bytes_view(buf)
         self.size = len(self._mv) if size is None else int(size)
+        self.etag = etag
         self.path = ""
+
+    def identity(self) -> FileId:
+        """The object read: its ETag, else its size and the xxh3 of the held bytes (computed on demand: only a
+        failed read needs it)."""
+        if self.etag:
+            return FileId(size=self.size, etag=self.etag)
+        from ._native import xxh3_64
+
+        return FileId(size=self.size, span=len(self._mv), digest=xxh3_64(self._mv))
 
     def pread(self, offset: int, n: int) -> memoryview:
         """Up to ``n`` held bytes at ``offset`` (no copy)."""
@@ -121,7 +179,8 @@ class BytesSource:
     def __enter__(self) -> "BytesSource":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        _tag(exc, self.identity)
         self.close()
 
 
@@ -152,6 +211,10 @@ def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None =
     hdr = read_header_from(src, verify)
     check_expected(hdr, expect, key)
     if len(dst) < hdr.raw_bytes:
+        if expect is not None:  # the file is what the caller expects: the caller's buffer is at fault, not the
+            # file (never a kvformat error, so no handler of bad files condemns the file for it)
+            raise DestinationError(f"the destination holds {len(dst)} bytes, the expected layout's payload is "
+                                   f"{hdr.raw_bytes}")
         raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)  # the file decides: kvformat error
     dst = dst[:hdr.raw_bytes]
     try:
@@ -181,10 +244,12 @@ def _open_regular(p: str) -> int:
     # O_NONBLOCK: opening a FIFO planted under a block's name must not block a reader forever
     # (it is a no-op for regular files); anything but a regular file is not a kvformat file.
     fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        if stat.S_ISDIR(mode):  # an OS error, as a plain read of a directory would give
+        if stat.S_ISDIR(st.st_mode):  # an OS error, as a plain read of a directory would give
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
-        raise NotKVFormatError("not a regular file", path=p)
+        err = NotKVFormatError("not a regular file", path=p)
+        err.file_id = FileId.of_stat(st)
+        raise err
     return fd

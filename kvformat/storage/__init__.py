@@ -12,7 +12,7 @@ is ``kvformat.testing.StoreTests``.
 
 from typing import Any
 
-from ._base import Store, StoreEntry
+from ._base import Quarantined, Store, StoreEntry
 from ._local import LocalStore
 
 
@@ -36,4 +36,4 @@ def open_store(root: str, **storage_options: Any) -> Store:
     return FsspecStore(root, **storage_options)
 
 
-__all__ = ["Store", "StoreEntry", "LocalStore", "open_store"]
+__all__ = ["Store", "StoreEntry", "Quarantined", "LocalStore", "open_store"]

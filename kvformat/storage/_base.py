@@ -11,8 +11,8 @@ before an asynchronous backend may outlive the caller. A backend implements only
     (``head_only``: at least the header region, and the object's true size).
 ``_put_many(items, overwrite, fsync, timeout_s)``
     atomic writes, per item True / False (existed) / the exception.
-``_delete_many``, ``_move`` (one file to a new relpath, for quarantine), ``_exists_many``,
-``list``, ``touch``, ``read_bytes``, ``cleanup_temp``.
+``_delete_many``, ``_move`` (one file to a new relpath, for quarantine: only the file that was read,
+when its identity is given), ``_exists_many``, ``list``, ``touch``, ``read_bytes``, ``cleanup_temp``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import abc
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..format._block import as_bytes_view, encode
-from ..format._read import BytesSource, FileSource, read_header_from, read_payload_from
+from ..format._read import BytesSource, FileId, FileSource, read_header_from, read_payload_from
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, block_relpath
 from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, namespace_doc
 from ..errors import KVFormatError
@@ -38,6 +38,27 @@ class StoreEntry:
     relpath: str
     size: int
     mtime: float
+
+
+# What a move for quarantine found: the file read is now in quarantine; no file is at the name any more;
+# the name holds another file than the one read (published since): left where it is.
+MOVED, GONE, REPLACED = "moved", "gone", "replaced"
+UNKNOWN = "unknown"  # the error names no file identity: nothing is moved by name
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """What :meth:`Store.quarantine_read` did: ``outcome`` is ``"moved"`` (the file that was read is now at
+    ``relpath``), ``"gone"`` (no file at the name any more), ``"replaced"`` (the name holds another file
+    than the one read, published since: left alone) or ``"unknown"`` (the error carried no identity)."""
+
+    outcome: str
+    relpath: str | None = None
+
+
+# A check run on each header while its file is still open (a key, layout or placement check): an error it
+# raises names the file read, like an error of the pipeline itself, so a quarantine can move exactly it.
+HeaderCheck = Callable[[str, BlockHeader], None]
 
 
 def quarantine_relpath(relpath: str, reason: str) -> str:
@@ -86,8 +107,9 @@ class Store(abc.ABC):
         """Remove each path; per item True, False (absent) or the exception."""
 
     @abc.abstractmethod
-    def _move(self, src: str, dst: str) -> bool:
-        """Move one file to a new relpath (replacing one there); False if ``src`` is gone."""
+    def _move(self, src: str, dst: str, file_id: FileId | None = None) -> str:
+        """Move one file to a new relpath (replacing one there): MOVED, GONE (``src`` is gone) or, with
+        ``file_id``, REPLACED when the file at ``src`` is not that one (it is then left at ``src``)."""
 
     @abc.abstractmethod
     def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
@@ -165,23 +187,28 @@ class Store(abc.ABC):
                                                            verify=verify))
         return res  # type: ignore[return-value]
 
-    def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
-        """Read and check only the header (no payload read)."""
-        r = self.read_headers_many([relpath], verify=verify)[0]
+    def read_header(self, relpath: str, *, verify: bool = True, check: HeaderCheck | None = None) -> BlockHeader:
+        """Read and check only the header (no payload read); ``check`` as in :meth:`read_headers_many`."""
+        r = self.read_headers_many([relpath], verify=verify, check=check)[0]
         if isinstance(r, BaseException):
             raise r
         return r
 
-    def read_headers_many(self, relpaths: Iterable[str], *, verify: bool = True,
-                          timeout_s: float | None = None) -> builtins.list[BlockHeader | BaseException]:
-        """Headers of many files; per item the header or the error (KVFormatError or OSError) it raised."""
+    def read_headers_many(self, relpaths: Iterable[str], *, verify: bool = True, timeout_s: float | None = None,
+                          check: HeaderCheck | None = None) -> builtins.list[BlockHeader | BaseException]:
+        """Headers of many files; per item the header or the error (KVFormatError or OSError) it raised.
+
+        ``check(relpath, header)`` runs while the file is still open; a KVFormatError it raises is that
+        item's result and, like every error of a bad file, names the file read (``file_id``), so
+        :meth:`quarantine_read` moves exactly that file.
+        """
         self._live()
         rels = list(relpaths)
         for r in rels:
             self._check(r)
         res: builtins.list[BlockHeader | BaseException | None] = [None] * len(rels)
         for i, src in self._open_many(rels, head_only=True, timeout_s=timeout_s):
-            res[i] = self._one(rels[i], src, lambda s: read_header_from(s, verify))
+            res[i] = self._one(rels[i], src, functools.partial(_read_checked, rel=rels[i], verify=verify, check=check))
         return res  # type: ignore[return-value]
 
     def _one(self, rel: str, src: Any, fn: Any) -> Any:
@@ -255,15 +282,35 @@ class Store(abc.ABC):
             self._noted(r, False)
         return res
 
-    def quarantine(self, relpath: str, reason: str) -> str | None:
-        """Move a bad file aside to ``.quarantine/<relpath>.<reason>``; its new relpath (None if gone)."""
+    def quarantine(self, relpath: str, reason: str, *, file_id: FileId | None = None) -> str | None:
+        """Move a bad file aside to ``.quarantine/<relpath>.<reason>``; its new relpath (None if nothing moved).
+
+        With ``file_id`` (the ``file_id`` of the error the read raised) only that very file is moved: a file
+        published under the same name since the read (a concurrent store, another process) stays where it
+        is. Without it, whatever file is at ``relpath`` is moved (an operator's explicit request).
+        """
+        return self._quarantine(relpath, reason, file_id).relpath
+
+    def quarantine_read(self, relpath: str, err: KVFormatError) -> Quarantined:
+        """Move aside the file whose read raised ``err``, and only that file (``err.file_id``, G-5.5).
+
+        The one quarantine of files found bad (the tier's loads, stores and probes, ``verify
+        --quarantine``, local and remote). An error that carries no identity moves nothing. OSError
+        passes (the move failed: the file stays where it was).
+        """
+        if err.file_id is None:
+            return Quarantined(UNKNOWN)
+        return self._quarantine(relpath, err.reason, err.file_id)
+
+    def _quarantine(self, relpath: str, reason: str, file_id: FileId | None) -> Quarantined:
         self._live()
         self._check(relpath)
         dst = quarantine_relpath(relpath, reason)
         self._check(dst)
-        moved = self._move(relpath, dst)
-        self._noted(relpath, False)
-        return dst if moved else None
+        outcome = self._move(relpath, dst, file_id)
+        if outcome != REPLACED:
+            self._noted(relpath, False)
+        return Quarantined(outcome, dst if outcome == MOVED else None)
 
     def put_block(self, payload: Any, layout: CanonicalLayout, key: BlockKey, *,
                   provenance: Provenance | None = None, codec: str = "none", level: int = 3,
@@ -311,7 +358,14 @@ class Store(abc.ABC):
         self.close()
 
 
-__all__ = ["Store", "StoreEntry", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]
+__all__ = ["Store", "StoreEntry", "Quarantined", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]
+
+
+def _read_checked(src: Any, *, rel: str, verify: bool, check: HeaderCheck | None) -> BlockHeader:
+    hdr = read_header_from(src, verify)
+    if check is not None:
+        check(rel, hdr)  # inside the source's with-block: its error is tagged with the file read
+    return hdr
 
 
 def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool) -> BlockHeader:

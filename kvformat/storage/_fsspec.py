@@ -27,15 +27,16 @@ import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..format._read import BytesSource
+from ..format._native import xxh3_64
+from ..format._read import BytesSource, FileId
 from ..format._write import TMP_PREFIX
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
-from ._base import Store, StoreEntry
+from ._base import GONE, MOVED, REPLACED, Store, StoreEntry
 from ._batch import BatchRunner
 from ._exists import ExistsCache
 from ._fsspec_requests import Requests, _mtime
 from ._redact import Redactor, redact_url
-from ._s3 import S3_PROTOCOLS, is_s3, s3_close, s3_options, s3_touch
+from ._s3 import S3_PROTOCOLS, is_s3, s3_close, s3_move_if, s3_options, s3_touch
 
 log = logging.getLogger("kvformat.storage")
 
@@ -175,10 +176,7 @@ class FsspecStore(Store, Requests):
     # -- Store primitives ---------------------------------------------------------------------------
     def _open_many(self, relpaths: Sequence[str], *, head_only: bool,
                    timeout_s: float | None) -> Iterator[tuple[int, BytesSource | BaseException]]:
-        async def whole(rel: str) -> BytesSource:
-            return BytesSource(await self._a_get(self._full(rel)))
-
-        fn = self._a_prefix if head_only else whole
+        fn = self._a_prefix if head_only else self._a_whole
         yield from self._runner.iter_many("head" if head_only else "get", fn, list(relpaths),
                                           self._labels(relpaths), timeout_s)
 
@@ -191,22 +189,42 @@ class FsspecStore(Store, Requests):
     def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
         return self._runner.run_many("delete", self._a_delete, list(relpaths), self._labels(relpaths), timeout_s)
 
-    def _move(self, src: str, dst: str) -> bool:
-        async def go(_: str) -> bool:
+    def _move(self, src: str, dst: str, file_id: FileId | None = None) -> str:
+        async def go(_: str) -> str:
             s, d = self._full(src), self._full(dst)
+            if file_id is not None:
+                if self._s3 and file_id.etag:  # exact: a conditional copy and a conditional delete
+                    return await s3_move_if(self._fs, s, d, file_id.etag)
+                if not await self._a_same(s, file_id):
+                    return GONE if await self._a_head(s) is None else REPLACED
             try:
                 # Object stores: copy then delete (a copy is atomic per object, a "move" is not one request).
                 await self._afs._copy(s, d) if self.atomic_put else await self._afs._mv(s, d)
             except FileNotFoundError:
-                return False
+                return GONE
             if self.atomic_put:
                 try:
                     await self._afs._rm_file(s)
                 except FileNotFoundError:
                     pass
-            return True
+            return MOVED
 
-        return bool(self._runner.run_one("quarantine", go, src, self._where(src)))
+        return str(self._runner.run_one("quarantine", go, src, self._where(src)))
+
+    async def _a_same(self, path: str, file_id: FileId) -> bool:
+        """Whether the object at ``path`` is the one read, by the identity its read recorded.
+
+        Without an ETag (backends other than S3) that is its size and the xxh3 of the bytes read, fetched
+        again: an object published since the read with other bytes does not match. A replacement between
+        this check and the move is not excluded on those backends (no conditional requests there).
+        """
+        if file_id.digest is None:  # no identity this backend can check: move nothing
+            return False
+        info = await self._a_head(path)
+        if info is None or int(info["size"]) != file_id.size:
+            return False
+        cur = await self._a_get(path, 0, file_id.span) if file_id.span < file_id.size else await self._a_get(path)
+        return bool(xxh3_64(cur) == file_id.digest)
 
     def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
         """Cached answers, one concurrent HEAD round for the rest."""

@@ -15,7 +15,7 @@ from ..format._header import header_length
 from ..format._read import FIRST_READ, BytesSource
 from ..format._write import temp_name
 from ..errors import KVFormatError
-from ._s3 import s3_head
+from ._s3 import s3_get, s3_head
 
 _MEMORY_LOCK = threading.Lock()
 
@@ -70,11 +70,23 @@ class Requests:
             data = await self._afs._cat_file(path, start=start, end=end)
         return bytes(data)
 
+    async def _a_get_tagged(self, path: str, start: int | None = None, end: int | None = None
+                            ) -> tuple[bytes, str | None]:
+        """:meth:`_a_get` plus the ETag of the object the bytes came from (S3; None elsewhere)."""
+        if self._s3:
+            return await s3_get(self._fs, path, start, end)
+        return await self._a_get(path, start, end), None
+
+    async def _a_whole(self, rel: str) -> BytesSource:
+        """The whole object as a source that knows which object it read (:meth:`BytesSource.identity`)."""
+        data, etag = await self._a_get_tagged(self._full(rel))
+        return BytesSource(data, etag=etag)
+
     async def _a_prefix(self, rel: str) -> BytesSource:
         """The header region (as far as the length field says, within the object) and the object size:
         a HEAD and a ranged GET of the first 8 KiB, one more ranged GET for a longer header."""
         path = self._full(rel)
-        info, first = await asyncio.gather(self._a_head(path), self._a_get(path, 0, FIRST_READ))
+        info, (first, etag) = await asyncio.gather(self._a_head(path), self._a_get_tagged(path, 0, FIRST_READ))
         if info is None:
             raise FileNotFoundError(f"{self._where(rel)}: no such object")
         size = int(info["size"])
@@ -85,7 +97,7 @@ class Requests:
             end = len(first)
         if end > len(first):
             first += await self._a_get(path, len(first), end)
-        return BytesSource(first, size)
+        return BytesSource(first, size, etag=etag)
 
     async def _a_put(self, relpath: str, data: bytes, overwrite: bool) -> bool:
         path = self._full(relpath)

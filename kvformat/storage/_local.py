@@ -5,17 +5,18 @@ from __future__ import annotations
 import builtins  # annotations inside Store name builtins.list: Store.list shadows it there
 import errno
 import os
+import secrets
 import stat
 import threading
 import time
 from typing import Any, Iterator, Sequence
 
 from ..format._files import iter_files
-from ..format._read import _O_DIRECT, FileSource
+from ..format._read import _O_DIRECT, FileId, FileSource
 from ..format._write import TMP_PREFIX, temp_writer_gone, write_atomic
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
 from ..errors import KVFormatError
-from ._base import Store, StoreEntry
+from ._base import GONE, MOVED, REPLACED, Store, StoreEntry
 
 
 class LocalStore(Store):
@@ -82,15 +83,56 @@ class LocalStore(Store):
                 out.append(e)
         return out
 
-    def _move(self, src: str, dst: str) -> bool:
+    def _move(self, src: str, dst: str, file_id: FileId | None = None) -> str:
         d = self._abs(dst)
+        s = self._abs(src)
         _refuse_symlinks(self.root, os.path.dirname(d))
         os.makedirs(os.path.dirname(d), exist_ok=True)
+        if file_id is None:
+            try:
+                os.replace(s, d)
+            except FileNotFoundError:
+                return GONE
+            return MOVED
+        return self._move_if_same(s, d, file_id)
+
+    def _move_if_same(self, src: str, dst: str, file_id: FileId) -> str:
+        """Move ``src`` to ``dst`` only if it is the file ``file_id`` names (MOVED, GONE or REPLACED).
+
+        No syscall renames "this inode only", so the file is first renamed to a private name beside ``dst``
+        (atomic: whoever publishes at ``src`` meanwhile keeps the name to itself), then checked there. A
+        file that is not the one read (published between the check before and the rename) goes back under
+        its name with link(2), which never replaces a newer file; only in that race does the name lack a
+        valid file, for an instant: a reader then gets a miss, never wrong bytes (G-5.3).
+        """
         try:
-            os.replace(self._abs(src), d)
+            at = os.lstat(src)
+            if stat.S_ISLNK(at.st_mode):  # a symlink at a block path (the operator's): the file read is its target
+                if not file_id.same_file(os.stat(src)):
+                    return REPLACED
+                file_id = FileId.of_stat(at)  # and the link is what moves: checked again once aside
+            elif not file_id.same_file(at):  # the common case of a replaced file: nothing is touched
+                return REPLACED
         except FileNotFoundError:
-            return False
-        return True
+            return GONE
+        aside = f"{dst}.{os.getpid()}-{secrets.token_hex(6)}"  # inside .quarantine: never listed, never a temp file
+        try:
+            self._rename_aside(src, aside)
+        except FileNotFoundError:
+            return GONE
+        if file_id.same_file(os.lstat(aside)):
+            os.replace(aside, dst)
+            return MOVED
+        try:
+            os.link(aside, src)
+        except FileExistsError:  # a newer file took the name: the one taken aside is redundant
+            pass
+        os.unlink(aside)
+        return REPLACED
+
+    def _rename_aside(self, src: str, aside: str) -> None:
+        # One method, so that a test can publish a file in the window between the check and the rename.
+        os.rename(src, aside)
 
     def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
         return [os.path.isfile(self._abs(r)) for r in relpaths]

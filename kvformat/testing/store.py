@@ -296,6 +296,31 @@ class StoreTests:
         assert rel not in {e.relpath for e in store.list()} and not list(store.list())
         assert store.read_header(moved).key == key(13)  # kept for inspection
 
+    def test_quarantine_moves_only_the_file_read(self, store: Store) -> None:
+        """G-5.5: a read's error names the file read; its quarantine leaves a file written there since."""
+        L = layout()
+        rel = store.put_block(payload(L, 14), L, key(14))[0]
+        good = self.raw_read(store, rel)
+        bad = bytearray(good)
+        bad[-1] ^= 1
+        self.raw_write(store, rel, bytes(bad))
+        with pytest.raises(ChecksumError) as ei:
+            store.read_into(rel, bytearray(L.payload_bytes), expect=L)
+        assert ei.value.file_id is not None
+        time.sleep(self.mtime_step)
+        self.raw_write(store, rel, good)  # written afresh since the read (another writer)
+        moved = f".quarantine/{rel}.ChecksumError"
+        q = store.quarantine_read(rel, ei.value)
+        assert (q.outcome, q.relpath) == ("replaced", None)
+        assert self.raw_read(store, rel) == good and not self.raw_exists(store, moved)
+        self.raw_write(store, rel, bytes(bad))
+        with pytest.raises(ChecksumError) as ei:
+            store.read_into(rel, bytearray(L.payload_bytes), expect=L)
+        q = store.quarantine_read(rel, ei.value)
+        assert (q.outcome, q.relpath) == ("moved", moved)
+        assert not self.raw_exists(store, rel) and self.raw_read(store, moved) == bytes(bad)
+        assert store.quarantine_read(rel, ei.value).outcome == "gone"
+
     def test_namespaces_and_cleanup_temp(self, store: Store) -> None:
         L = layout()
         assert store.namespaces() == []
