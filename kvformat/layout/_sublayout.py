@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import SchemaError
+from ..format._consts import FORM_ORDERS, FORM_PIN, FORM_UNKNOWN
 
 __all__ = [
     "PLATFORMS", "SubLayout", "canonical", "describe", "identity_pins", "token_runs", "encoding_of",
@@ -172,11 +173,11 @@ def identity_pins(layers: Sequence[tuple[str, str, SubLayout | None]], platform:
     """
     pins: dict[str, str] = {}
     for role, kvd, sub in layers:
-        key = f"form.{kvd}"
+        key = f"{FORM_PIN}{kvd}"
         if sub is None:
-            pins[key] = f"unknown:{platform or 'unknown'}"[:256]
+            pins[key] = f"{FORM_UNKNOWN}{platform or 'unknown'}"[:256]
             continue
-        order = SPLIT if role == "dsa_indexer" else ROWS
+        order = FORM_ORDERS.get(role, ROWS)
         default = {"dsa_indexer": "e4m3fn+f32"}.get(role, "e4m3fn" if kvd in _FP8 else kvd)
         if role == "dsa_indexer" or sub.encoding != default:
             pins[key] = f"{order}/{sub.encoding}"
