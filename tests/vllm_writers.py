@@ -18,7 +18,7 @@ and ``CUDA_VISIBLE_DEVICES=""`` so vLLM keeps Triton without a GPU driver: vllm/
 never in the test process; results are cached on disk by the request and the sha256 of the two vLLM source
 files, so a vLLM change re-runs them.
 
-    python tests/vllm_writers.py REQUEST.json OUT.npz    (what :func:`write_pages` runs)
+    python tests/vllm_writers.py REQUEST.json OUTDIR    (what :func:`write_pages` runs)
 """
 
 from __future__ import annotations
@@ -59,36 +59,37 @@ def job(*, mla_dtype: str, shuffle: bool, block: int, seeds: Sequence[str], bloc
 
 def write_pages(jobs: Sequence[dict[str, Any]]) -> list[dict[str, list[list[bytes]]]]:
     """Per job, ``{"mla": pages, "indexer": pages}``: per seed, per block, one page of bytes as vLLM's writer
-    left it (``block`` tokens; a DCP rank's page holds only its tokens)."""
-    key = hashlib.sha256(json.dumps([list(jobs), hashlib.sha256((vllm_source(KERNELS) + vllm_source(SLOTS))
-                                                                .encode()).hexdigest()],
-                                    sort_keys=True).encode()).hexdigest()[:32]
+    left it (``block`` tokens; a DCP rank's page holds only its tokens). Jobs not cached yet run together in
+    one fresh interpreter."""
+    src = hashlib.sha256((vllm_source(KERNELS) + vllm_source(SLOTS)).encode()).hexdigest()
     cache = os.path.join(tempfile.gettempdir(), "kvformat-oracle-cache")
     os.makedirs(cache, exist_ok=True)
-    out = os.path.join(cache, f"{key}.npz")
-    if not os.path.exists(out):
+    paths = [os.path.join(cache, hashlib.sha256(json.dumps([jb, src], sort_keys=True).encode()).hexdigest()[:32]
+                          + ".npz") for jb in jobs]
+    todo = sorted({p: jb for p, jb in zip(paths, jobs) if not os.path.exists(p)}.items())
+    if todo:
         with tempfile.TemporaryDirectory() as tmp:
             req = os.path.join(tmp, "req.json")
             with open(req, "w") as f:
-                json.dump(list(jobs), f)
-            part = os.path.join(tmp, "out.npz")
+                json.dump([jb for _, jb in todo], f)
             env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), req, part], env=env, capture_output=True,
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), req, tmp], env=env, capture_output=True,
                                text=True, cwd=tmp, timeout=3600)
             if r.returncode != 0:
                 raise RuntimeError(f"vLLM's writers failed under Triton's interpreter:\n{r.stdout}\n{r.stderr}")
-            os.replace(part, out)
-    data = np.load(out)
+            for i, (p, _) in enumerate(todo):
+                os.replace(os.path.join(tmp, f"{i}.npz"), p)
     res = []
-    for i, jb in enumerate(jobs):
+    for p, jb in zip(paths, jobs):
+        data = np.load(p)
         page_mla = jb["block"] * MLA_WIDTH[jb["mla_dtype"]]
         page_idx = jb["block"] * 132
-        mla, idx = data[f"mla{i}"].tobytes(), data[f"idx{i}"].tobytes()
-        per = {"mla": [], "indexer": []}
+        mla, idx = data["mla"].tobytes(), data["idx"].tobytes()
+        per: dict[str, list[list[bytes]]] = {"mla": [], "indexer": []}
         for s in range(len(jb["seeds"])):
-            per["mla"].append([mla[(s * jb["blocks"] + j) * page_mla:(s * jb["blocks"] + j + 1) * page_mla]
-                               for j in range(jb["blocks"])])
-            per["indexer"].append([idx[(s * jb["blocks"] + j) * page_idx:(s * jb["blocks"] + j + 1) * page_idx]
+            first = s * jb["blocks"]
+            per["mla"].append([mla[(first + j) * page_mla:(first + j + 1) * page_mla] for j in range(jb["blocks"])])
+            per["indexer"].append([idx[(first + j) * page_idx:(first + j + 1) * page_idx]
                                    for j in range(jb["blocks"])])
         res.append(per)
     return res
@@ -170,11 +171,11 @@ def main(argv: list[str]) -> int:
     from vllm.v1.worker.gpu import block_table as BT
 
     K = _load(KERNELS, "vllm_dsv32_kernels")
-    jobs = json.load(open(argv[1]))
-    arrays = {}
+    with open(argv[1]) as f:
+        jobs = json.load(f)
     for i, jb in enumerate(jobs):
-        arrays[f"mla{i}"], arrays[f"idx{i}"] = _run(jb, K, BT)
-    np.savez(argv[2], **arrays)
+        mla, idx = _run(jb, K, BT)
+        np.savez(os.path.join(argv[2], f"{i}.npz"), mla=mla, idx=idx)
     return 0
 
 
