@@ -201,6 +201,9 @@ def test_legacy_pp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
     # config.json names stage 0's layers only: the partition must be given ...
     assert main(["compact", str(src), str(dst), "--platform", "cuda", "--json"]) == 2
     assert "--pp-layers" in capsys.readouterr().out
+    # ... and so must the platform, which decides these fp8 / indexer bytes (config.json does not record it).
+    assert main(["compact", str(src), str(dst), "--pp-layers", "4,3", "--json"]) == 2
+    assert "--platform" in capsys.readouterr().out
     # ... and a partition the files contradict (stage 1 holds 3 layers, not 2) converts nothing.
     assert main(["compact", str(src), str(tmp_path / "bad"), "--pp-layers", "4,2", "--platform", "cuda",
                  "--json"]) == 1

@@ -54,8 +54,12 @@ def test_every_described_order_is_where_vllms_writer_puts_each_token(mla):
             job(mla_dtype=mla, shuffle=False, block=64, seeds=seeds, blocks=1),  # CUDA: split at the block
             job(mla_dtype=mla, shuffle=False, block=64, seeds=seeds, blocks=1, kernel_block=32),  # 2 kernel blocks
             job(mla_dtype=mla, shuffle=True, block=64, seeds=seeds, blocks=1),  # ROCm: 16 x 16 tiles
-            job(mla_dtype=mla, shuffle=True, block=32, seeds=seeds, blocks=2)]
-    recs, split, split32, shuffled, shuffled32 = write_pages(jobs)
+            job(mla_dtype=mla, shuffle=True, block=32, seeds=seeds, blocks=2),
+            job(mla_dtype=mla, shuffle=False, block=1, seeds=["s1"], blocks=128),
+            job(mla_dtype=mla, shuffle=False, block=128, seeds=["s1"], blocks=1, kernel_block=64)]  # CUDA at 128
+    recs, split, split32, shuffled, shuffled32, recs128, cuda128 = write_pages(jobs)
+    assert _place(describe("dsa_indexer", "dsa_indexer_fp8", 132, "cuda", 128),
+                  [recs128["indexer"][0][t] for t in range(128)], 128) == cuda128["indexer"][0][0]
     idx = [recs["indexer"][0][t] for t in range(64)]
     lat = [recs["mla"][0][t] for t in range(64)]
     enc = "e4m3fn+f32"
@@ -91,6 +95,30 @@ def test_dcp_ranks_pages_from_vllm_assemble_into_the_tp1_page():
                               [cp_canonical_token(t, r, 4, 8) for t in range(16)])
             copy_runs(out, pages[key][0][0], np.asarray(runs, dtype=np.int64).tobytes())
         assert bytes(out) == logical[key][0][0], role
+
+
+@needs_writers
+@pytest.mark.parametrize("interleave", [1, 8])
+def test_the_dcp_plan_assembles_vllms_rank_pages_into_the_tp1_page(interleave):
+    """The tier's plan (plan_groups over DCP4 facts on ROCm) gathers each DCP rank's slot, filled with the pages
+    vLLM's slot mapping and writer give that rank, into exactly the page vLLM's writer gives a TP=1 worker."""
+    from vllm_writers import job, write_pages
+
+    jobs = [job(mla_dtype="fp8_ds_mla", shuffle=False, block=64, seeds=["p"], blocks=1)]
+    jobs += [job(mla_dtype="fp8_ds_mla", shuffle=True, block=16, seeds=["p"], blocks=1, cp_size=4, cp_rank=r,
+                 interleave=interleave) for r in range(4)]
+    logical, *ranks = write_pages(jobs)
+    facts = _dsa_facts("rocm", dcp=4, tp=4)
+    facts = DeploymentFacts(**{**facts.__dict__, "parallel": ParallelFacts(tp=4, dcp=4, interleave=interleave,
+                                                                          stages=facts.parallel.stages)})
+    plan = plan_groups(facts)[0]
+    out = memoryview(bytearray(plan.layout.payload_bytes))
+    for shard in plan.shards:
+        (w,) = shard.slots
+        r = w % 4
+        slot = ranks[r]["mla"][0][0] + ranks[r]["indexer"][0][0]
+        plan.gather_shard(shard, memoryview(bytearray(slot)), out)
+    assert bytes(out) == logical["mla"][0][0] + logical["indexer"][0][0]
 
 
 def test_the_cited_writer_code_is_in_the_installed_vllm():
