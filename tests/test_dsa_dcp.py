@@ -69,6 +69,8 @@ def _writers_once():
             jobs += oracle_jobs(cache, "rocm", LOGICAL, d, inter, 1, [_seed(family, inter)], [0, 1])
     jobs += oracle_jobs("fp8", "cuda", 128, 2, 1, 1, ["cuda"], [0])
     jobs += oracle_jobs("fp8", "cuda", 128, 1, 1, 1, ["cuda"], [0])
+    for platform in ("rocm", "cuda"):
+        jobs += oracle_jobs("fp8", platform, LOGICAL, 1, 1, 1, ["rocm-cuda"], [0])
     write_pages(jobs)
 
 
@@ -117,3 +119,28 @@ def test_dsa_dcp2_on_cuda_against_vllms_writers(tmp_path):
     assert {n: got[n] == want[n] for n in want} == dict.fromkeys(want, True)
     with deploy(root, "deepseek-v3.2-fp8", "TP1", 1, logical=128, n_layers=1) as r:
         assert r.load_checked(seeds) == {key: True}
+
+
+@pytest.mark.platform("rocm")
+def test_rocm_and_cuda_deployments_share_one_canonical_payload(tmp_path, monkeypatch):
+    """A ROCm deployment (shuffled indexer tiles, vLLM's writer) and a CUDA one (keys then scales) of the same
+    model and encoding store byte-identical files in one namespace, and each serves the other exactly its pages."""
+    import kvformat.vllm._facts as facts
+
+    (key,) = make_keys(1, "rocm-cuda")
+    seeds = {key: "rocm-cuda"}
+    payload = {}
+    for platform in ("rocm", "cuda"):
+        monkeypatch.setattr(facts, "vllm_platform", lambda p=platform: p)
+        root = str(tmp_path / platform)
+        with deploy(root, "deepseek-v3.2-fp8", "TP1", 1, n_layers=1) as w:
+            assert w.platform == platform
+            w.store(seeds)
+            ns = w.tier().namespace
+        f, _ = file_layers(root)
+        payload[platform] = (ns, open(f, "rb").read()[K.read_header(f).data_offset:])
+    assert payload["rocm"] == payload["cuda"]
+    for reader, writer in (("cuda", "rocm"), ("rocm", "cuda")):
+        monkeypatch.setattr(facts, "vllm_platform", lambda p=reader: p)
+        with deploy(str(tmp_path / writer), "deepseek-v3.2-fp8", "TP1", 1, n_layers=1) as r:
+            assert r.load_checked(seeds) == {key: True}, (writer, reader)
