@@ -227,3 +227,16 @@ def test_token_runs_refuse_what_does_not_match():
         token_runs(a, 16, can, 32, list(range(17, 33)))
     with pytest.raises(SchemaError, match="not whole shuffle16 kernel blocks"):
         token_runs(SubLayout("shuffle16", 132, a.encoding), 8, can, 8, list(range(8)))
+
+
+def test_token_runs_cut_a_token_wherever_either_order_cuts_it():
+    """The load direction as its own runs (file order -> ROCm tiles): the destination cuts a token's keys finer
+    than the source does, so each piece must end where either side's piece ends."""
+    rng = np.random.default_rng(3)
+    recs = [rng.integers(0, 256, 132, dtype=np.uint8).tobytes() for _ in range(32)]
+    shuffled = describe("dsa_indexer", "dsa_indexer_fp8", 132, "rocm", 32)
+    split = canonical("dsa_indexer", "dsa_indexer_fp8", 132, shuffled.encoding)
+    out = bytearray(32 * 132)
+    runs = token_runs(split, 32, shuffled, 32, list(range(32)))
+    copy_runs(out, _place(split, recs, 32), np.asarray(runs, dtype=np.int64).tobytes())
+    assert bytes(out) == _place(shuffled, recs, 32)

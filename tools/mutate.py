@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             original = apply(tree, m)
             try:
                 tests = list(m.tests) or a.tests + (IO_TESTS if m.path in IO_FILES else [])
-                tests = [t for t in tests if os.path.exists(os.path.join(tree, t))]
+                tests = [t for t in tests if os.path.exists(os.path.join(tree, t.split("::")[0]))]
                 killed, by, dt = run_tests(tree, tests, a.timeout)
             finally:
                 with open(os.path.join(tree, m.path), "w") as f:
