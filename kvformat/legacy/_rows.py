@@ -240,8 +240,8 @@ def _sharded_row(ns: LegacyNamespace, group: int, file_size: int, w: int, stage0
     regions = []
     for st in stages if par["pp"] > 1 else ():
         off, mine = 0, []
-        for n in st:
-            size = facts[n].page * ns.blocks_per_file
+        for name in st:
+            size = facts[name].page * ns.blocks_per_file
             mine.append((off, size))
             off += size
         regions.append(tuple(mine))
