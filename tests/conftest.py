@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ def is_vllm_test(item: pytest.Item) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs vLLM (set from imports by tests/conftest.py)")
+    config.addinivalue_line("markers", "platform(name): the platform the harness's workers play (default cuda; "
+                            "'real': what vLLM reports on this machine)")
     if os.environ.get("KVFORMAT_REQUIRE_VLLM") == "1" and importlib.util.find_spec("vllm") is None:
         raise pytest.UsageError("KVFORMAT_REQUIRE_VLLM=1 but vLLM is not installed: run tools/setup.sh")
 
@@ -137,3 +140,23 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _skipped and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# -- the platform the harness plays ----------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _played_platform(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM on this CPU-only machine reports no GPU platform, so the tier would find no description of the
+    pages' FP8 flavour or indexer order (kvformat.vllm.vllm_platform returns None). The harness already plays
+    the GPU workers' copies; it also plays their platform: ``cuda`` unless a test is marked
+    ``@pytest.mark.platform(name)`` (``"real"``: leave vLLM's answer alone)."""
+    marker = request.node.get_closest_marker("platform")
+    name = marker.args[0] if marker else "cuda"
+    if name == "real":
+        return
+    if "kvformat.vllm._facts" not in sys.modules and request.node.get_closest_marker("vllm") is None:
+        return  # this test builds no vLLM tier; importing the adapter would import vLLM
+    import kvformat.vllm._facts as facts
+
+    monkeypatch.setattr(facts, "vllm_platform", lambda: name, raising=False)

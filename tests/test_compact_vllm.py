@@ -77,7 +77,7 @@ def test_real_fs_tier_tree_compacts_and_loads_at_tp2_and_tp1(tmp_path, capsys, t
     cfg = json.loads(next(src.glob("*/config.json")).read_text())
     assert cfg.get("replicated_layout", False) == replicated
 
-    rc = main(["compact", str(src), str(dst), "--json"])
+    rc = main(["compact", str(src), str(dst), "--platform", "cuda", "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert rc == 0 and rep["converted"] == len(keys) and rep["failed"] == 0 and rep["ignored"] == 0
     (ns,) = rep["namespaces"]
@@ -101,7 +101,7 @@ def test_real_fs_tier_tampered_replica_refused_rest_converted(tmp_path, capsys):
     assert dep.store({**items, bad: slots}) == keys  # worker 3 wrote a different latent
     dep.close()
     bad_path = next(p for p in src.rglob("*.bin") if p.stem == get_offload_block_hash(bad).hex())
-    rc = main(["compact", str(src), str(dst), "--json"])
+    rc = main(["compact", str(src), str(dst), "--platform", "cuda", "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert rc == 1 and rep["converted"] == 4 and rep["failed"] == 1
     assert rep["failures"][0]["path"] == str(bad_path) and rep["failures"][0]["reason"] == "ReplicaMismatchError"
@@ -115,7 +115,7 @@ def test_tp8_and_tp2_trees_merge_into_one_namespace_read_at_tp1(tmp_path, capsys
     k8, i8, _ = _write_legacy(src, tp=8, bpf=1, replicated=False, dtype="bfloat16", tpb=16, n_layers=4, salt="a")
     k2, i2, _ = _write_legacy(src, tp=2, bpf=1, replicated=True, dtype="bfloat16", tpb=16, n_layers=4, salt="b")
     assert len(find_namespaces(str(src))) == 2
-    assert main(["compact", "-q", str(src), str(dst)]) == 0
+    assert main(["compact", "-q", str(src), str(dst), "--platform", "cuda"]) == 0
     assert len([d for d in dst.iterdir() if d.is_dir()]) == 1
     got = _load(dst, k8 + k2, tp=1, replicated=True, bpf=1, dtype="bfloat16", tpb=16, n_layers=4)
     assert got == {**i8, **i2}

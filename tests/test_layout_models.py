@@ -187,7 +187,7 @@ def test_legacy_dsa_tree_from_vllms_fs_tier_compacts_to_the_tiers_files(tmp_path
     with ModelDeployment("deepseek-v3.2-fp8", [fs_tier(str(legacy))], tp=2, row=row, n_layers=3) as w:
         w.store(dict(zip(keys, ["l0", "l1"])))
         expected = {k: w.expected(s) for k, s in zip(keys, ["l0", "l1"])}
-    assert main(["compact", str(legacy), str(out)]) == 0
+    assert main(["compact", str(legacy), str(out), "--platform", "cuda"]) == 0
     with ModelDeployment("deepseek-v3.2-fp8", [kvf(out)], tp=1, n_layers=3) as r:
         ns = r.tier().namespace
         assert {os.path.relpath(p, out).split("/")[0] for p in files(out)} == {ns}

@@ -41,10 +41,12 @@ def files(root):
 @pytest.mark.parametrize("family,writer,reader,interleave", [
     ("deepseek-v3-bf16", (8, 1, 1), (4, 2, 1), 1),       # TP8 -> PP2xTP4
     ("deepseek-v3-bf16", (2, 4, 1), (8, 1, 2), 1),       # PP4xTP2 -> DCP2xTP8
-    ("glm-5-fp8", (4, 1, 2), (1, 1, 1), 4),              # DCP2xTP4 (DSA, interleave 4) -> TP1
-    ("glm-5-fp8", (4, 2, 2), (2, 4, 1), 1),              # PP2xDCP2xTP4 -> PP4xTP2
-], ids=["TP8-to-PP2xTP4", "PP4xTP2-to-DCP2xTP8", "DCP2xTP4-dsa-to-TP1", "PP2xDCP2xTP4-dsa-to-PP4xTP2"])
+    ("kimi-k2-bf16", (4, 2, 2), (1, 1, 1), 4),           # PP2xDCP2xTP4 (interleave 4) -> TP1
+    ("glm-5-fp8", (4, 2, 1), (2, 4, 1), 1),              # PP2xTP4 (DSA: whole pages) -> PP4xTP2
+], ids=["TP8-to-PP2xTP4", "PP4xTP2-to-DCP2xTP8", "PP2xDCP2xTP4-to-TP1", "PP2xTP4-dsa-to-PP4xTP2"])
 def test_pp_and_dcp_layouts_share_files(tmp_path, family, writer, reader, interleave):
+    """Latent pages are token rows on every platform: random bytes stand for them. DSA with DCP moves the
+    indexer's tokens, so its pages come from vLLM's own writers: tests/test_dsa_dcp.py."""
     root = str(tmp_path)
     keys = make_keys(3, "share")
     seeds = {k: i for i, k in enumerate(keys)}
@@ -122,22 +124,21 @@ def test_a_stage_missing_from_the_row_is_refused(tmp_path):
             derive_plans(spec, vllm_config=d.vllm_config, kv_cache_config=d.scheduler_kv_cache_config)
 
 
-def test_prefill_and_decode_context_parallelism_together_are_refused_by_name(tmp_path):
-    from kvformat.vllm import derive_plans
-
-    with deploy(str(tmp_path), "deepseek-v3-bf16", 2, dcp=2) as d:
-        cfg = d.cfg
-        bad = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pcp_size=2, world_size=4))
-        spec = type("S", (), {"config": bad, "blocks_per_chunk": 2, "replicated_layout": False})()
-        with pytest.raises(SchemaError, match=r"prefill context parallelism with decode context parallelism "
-                                              r"\(pcp=2, dcp=2\) is not supported"):
-            derive_plans(spec, vllm_config=d.vllm_config, kv_cache_config=d.scheduler_kv_cache_config)
+def test_dsa_dcp_over_pages_cudas_indexer_cannot_take_is_refused_by_name(tmp_path):
+    """vLLM's CUDA indexer takes 64-token kernel blocks only: a 32-token DCP page of it has no described order,
+    so its tokens are not moved (tests/test_dsa_dcp.py runs the 64-token pages against vLLM's writers)."""
+    with pytest.raises(SchemaError, match=r"indexer\.k_cache: where a token's bytes sit in a dsa_indexer "
+                                          r"dsa_indexer_fp8 page on platform cuda is not described .* refused"):
+        deploy(str(tmp_path), "glm-5-fp8", 4, dcp=2)
 
 
-@pytest.mark.parametrize("writer,reader", [((2, 1, 1, 2), (4, 1, 1, 1)), ((4, 1, 1, 1), (2, 2, 1, 2))],
-                         ids=["PCP2xTP2-to-TP4", "TP4-to-PP2xPCP2xTP2"])
+@pytest.mark.parametrize("writer,reader", [((2, 1, 1, 2), (4, 1, 1, 1)), ((4, 1, 1, 1), (2, 2, 1, 2)),
+                                           ((2, 1, 2, 2), (1, 1, 1, 1)), ((4, 1, 1, 1), (4, 1, 2, 2))],
+                         ids=["PCP2xTP2-to-TP4", "TP4-to-PP2xPCP2xTP2", "PCP2xDCP2xTP2-to-TP1",
+                              "TP4-to-PCP2xDCP2xTP4"])
 def test_pcp_ranks_are_replicas_and_share_files(tmp_path, writer, reader):
-    """PCP without DCP: vLLM gathers the KV back to every PCP rank, so a PCP rank's slot is one more replica."""
+    """vLLM writes the KV gathered from every PCP rank into every PCP rank's cache, sharding tokens over DCP only
+    (tests/test_pcp.py): a PCP rank's slot is one more replica of its stage's (and DCP rank's) part."""
     root = str(tmp_path)
     keys = make_keys(2, "pcp")
     seeds = {k: i for i, k in enumerate(keys)}
@@ -198,13 +199,17 @@ def test_legacy_pp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
     src, dst = tmp_path / "vllm-fs", tmp_path / "kvf"
     seeds = _legacy_tree(src, "glm-5-fp8", 4, pp=2)
     # config.json names stage 0's layers only: the partition must be given ...
-    assert main(["compact", str(src), str(dst), "--json"]) == 2
+    assert main(["compact", str(src), str(dst), "--platform", "cuda", "--json"]) == 2
     assert "--pp-layers" in capsys.readouterr().out
+    # ... and so must the platform, which decides these fp8 / indexer bytes (config.json does not record it).
+    assert main(["compact", str(src), str(dst), "--pp-layers", "4,3", "--json"]) == 2
+    assert "--platform" in capsys.readouterr().out
     # ... and a partition the files contradict (stage 1 holds 3 layers, not 2) converts nothing.
-    assert main(["compact", str(src), str(tmp_path / "bad"), "--pp-layers", "4,2", "--json"]) == 1
+    assert main(["compact", str(src), str(tmp_path / "bad"), "--pp-layers", "4,2", "--platform", "cuda",
+                 "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert rep["converted"] == 0 and {f["reason"] for f in rep["failures"]} == {"LegacyLayoutError"}
-    assert main(["compact", str(src), str(dst), "--pp-layers", "4,3", "--json"]) == 0
+    assert main(["compact", str(src), str(dst), "--pp-layers", "4,3", "--platform", "cuda", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["converted"] == 3 and rep["failed"] == 0
     fs = files(str(dst))
@@ -224,13 +229,48 @@ def test_legacy_dcp_tree_compacts_and_loads_at_tp8(tmp_path, capsys):
     capsys.readouterr()
     with deploy(str(dst), "deepseek-v3-bf16", 8) as r:
         assert r.load_checked(seeds) == dict.fromkeys(seeds, True)
-    # The interleave is not in config.json: a wrong one yields other files, which the TP=8 reader rejects
-    # byte for byte (this is why it is an explicit option, documented as the writer's vLLM setting).
+    # The interleave is not in config.json and the bytes cannot tell it: a wrong one yields other files, which the
+    # TP=8 reader rejects byte for byte; that is why it is an explicit option with no default
+    # (test_compact_of_a_dcp_tree_requires_the_interleave).
     dst2 = tmp_path / "kvf2"
-    assert main(["compact", str(src), str(dst2)]) == 0
+    assert main(["compact", str(src), str(dst2), "--cp-interleave", "1"]) == 0
     capsys.readouterr()
     with deploy(str(dst2), "deepseek-v3-bf16", 8) as r:
         assert set(r.load_checked(seeds).values()) == {False}
+
+
+def test_compact_of_a_dcp_tree_requires_the_interleave(tmp_path, capsys):
+    """Issue 20: compact of a DCP tree without --cp-interleave assumed 1 and exited 0 (wrong bytes, valid
+    checksums); it now names the flag, and refuses an interleave that does not split a DCP rank's block."""
+    import json
+
+    from kvformat.cli import main
+
+    src = tmp_path / "vllm-fs"
+    _legacy_tree(src, "deepseek-v3-bf16", 4, dcp=2, interleave=4)
+    assert main(["compact", str(src), str(tmp_path / "a"), "--json"]) == 2
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["converted"] == 0 and any("--cp-interleave" in e and "dcp_size=2" in e for e in rep["layout_errors"])
+    assert glob.glob(str(tmp_path / "a" / "**" / "*.kvf"), recursive=True) == []
+    # The data tells what it can: a DCP rank's 32-token block is not whole runs of 64 tokens.
+    assert main(["compact", str(src), str(tmp_path / "b"), "--cp-interleave", "64", "--json"]) == 2
+    assert "interleave runs of 64" in capsys.readouterr().out
+
+
+def test_compact_pp_layers_must_add_up_to_the_writers_layers(tmp_path, capsys):
+    """Issue 20: a partition claiming more layers than the writer had (4+4 for 7) filled the extra layer from the
+    slot's zero tail; a layer the writer never wrote is now refused."""
+    import json
+
+    from kvformat.cli import main
+
+    src = tmp_path / "vllm-fs"
+    _legacy_tree(src, "deepseek-v3-bf16", 4, pp=2)  # vLLM's partition of 7 layers: 4, 3
+    assert main(["compact", str(src), str(tmp_path / "bad"), "--pp-layers", "4,4", "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["converted"] == 0 and {f["reason"] for f in rep["failures"]} == {"LegacyLayoutError"}
+    assert all("does not add up to the writer's layers" in f["error"] for f in rep["failures"])
+    assert glob.glob(str(tmp_path / "bad" / "**" / "*.kvf"), recursive=True) == []
 
 
 def test_legacy_pcp_tree_compacts_and_loads_at_tp4(tmp_path, capsys):

@@ -13,11 +13,16 @@ Workers cannot run without CUDA, so the harness plays them: worker ``w`` (stage 
 derives from it; a store copies each worker's blocks into ITS slot of the row, a load copies each slot
 back into that worker's KV cache and reads every layer through vLLM's own layer views.
 
-The model's KV is a function of (seed, layer, logical block, token): a DCP rank's local token ``l`` of
-a block is the logical token vLLM's own ``canonical_mapping._local_to_canonical_token`` names, so what
-each worker must hold is known independently of kvformat. ``load`` checks every worker of the reader
-holds exactly its part (its stage's layers, its DCP rank's tokens) and returns the logical per-layer
-bytes; ``expected(seed)`` gives them (what a file must hold).
+The model's KV is a function of (seed, layer, logical block, token). With ``oracle=True`` (every DSA
+family's test) the pages are written by vLLM's OWN code (tests/vllm_writers.py: its slot-mapping kernel
+places each DCP rank's tokens, its fused cache writer encodes and places their bytes, in the order the
+deployment's platform uses: shuffled indexer pages on ROCm), so neither what a worker holds nor what a file
+must hold comes from kvformat's model of a page. Without the oracle (latent-only families, whose pages are
+token rows on every platform) pages are random bytes and a DCP rank's local token ``l`` is the logical
+token vLLM's ``canonical_mapping._local_to_canonical_token`` names. ``load`` checks every worker of the
+reader holds exactly its part (its stage's layers, its DCP rank's tokens) and returns the logical per-layer
+bytes; ``expected(seed)`` gives them (what a file must hold: what a TP=1 deployment's writer produces for the
+logical block).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class ParallelDeployment(Deployment):
 
     def __init__(self, family: str | Family, tiers: Sequence[Mapping[str, Any]], *, tp: int = 1, pp: int = 1,
                  dcp: int = 1, block_size: int = 64, bpc: int = 1, n_layers: int = 8, interleave: int = 1,
-                 num_chunks: int = 8, partition: str | None = None, pcp: int = 1) -> None:
+                 num_chunks: int = 8, partition: str | None = None, pcp: int = 1, oracle: bool = False) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
         from vllm.v1.core import kv_cache_planning as P
@@ -62,6 +67,11 @@ class ParallelDeployment(Deployment):
 
         fam = FAMILIES[family] if isinstance(family, str) else family
         self.family, self.tp, self.pp, self.dcp, self.interleave = fam, tp, pp, dcp, interleave
+        from kvformat.vllm._facts import vllm_platform
+
+        self.platform = vllm_platform()  # what the tier will read (tests/conftest.py: the platform played)
+        self.oracle = oracle
+        self._pages: dict[tuple[Any, ...], bytes] = {}
         self.pcp = pcp
         self.world = tp * pp * pcp  # vLLM's rank order: pp, pcp, tp
         old = os.environ.get("VLLM_PP_LAYER_PARTITION")
@@ -119,8 +129,32 @@ class ParallelDeployment(Deployment):
         v = gpu.layers[name][0]
         return int(v.numel() * v.element_size())
 
+    def prepare(self, seeds: Sequence[Any]) -> None:
+        """Have vLLM's writers produce every page of ``seeds`` this deployment's workers hold, and the logical
+        pages a file must hold (one batch of writer runs; cached on disk by tests/vllm_writers.py)."""
+        if not self.oracle:
+            return
+        from vllm_writers import write_pages
+
+        if any("k_cache" not in n and "attn" not in n for n in self.layers):
+            raise AssertionError("the oracle writes MLA and DSA indexer layers only")
+        decoders = sorted({int(n.split(".")[2]) for n in self.layers})
+        out = write_pages(oracle_jobs(self.family.cache_dtype, self.platform, self.logical_tokens, self.dcp,
+                                      self.interleave, self.blocks_per_chunk, seeds, decoders))
+        for k, s in enumerate(seeds):
+            for d, i in enumerate(decoders):
+                at = k * len(decoders) + d
+                for j in range(self.blocks_per_chunk):
+                    for role, n in (("mla", f"model.layers.{i}.self_attn.attn"),
+                                    ("indexer", f"model.layers.{i}.self_attn.indexer.k_cache")):
+                        self._pages[("logical", s, n, j)] = out[0][role][at][j]
+                        for r in range(self.dcp):
+                            self._pages[("local", s, n, j, r)] = out[1 + r][role][at][j]
+
     def logical(self, seed: Any, name: str, block: int) -> bytes:
         """The logical block ``block`` of layer ``name`` (all ``block_size x dcp`` tokens, in order)."""
+        if self.oracle:
+            return self._pages[("logical", seed, name, block)]
         stage = self.stage_of(name)
         return make_payload(f"{seed}/{name}/{block}", self._page(self.gpus[stage], name) * self.dcp)
 
@@ -134,6 +168,8 @@ class ParallelDeployment(Deployment):
             _local_to_canonical_token,
         )
 
+        if self.oracle:
+            return self._pages[("local", seed, name, block, (worker % self.tp) % self.dcp)]
         full = self.logical(seed, name, block)
         page = len(full) // self.dcp
         local_tokens = self.logical_tokens // self.dcp
@@ -148,6 +184,7 @@ class ParallelDeployment(Deployment):
 
     # -- the workers' copies, as CPUOffloadingWorker does them -----------------------------------------
     def store(self, items: Mapping[Any, Any], *, timeout: float = 60.0, **kw: Any) -> list[Any]:  # type: ignore[override]
+        self.prepare([s for s in items.values() if not callable(s)])
         return super().store({k: (k, s) for k, s in items.items()}, timeout=timeout, **kw)
 
     def _regions(self, stage: int) -> list[tuple[Any, int, int]]:
@@ -195,6 +232,7 @@ class ParallelDeployment(Deployment):
     def load_checked(self, seeds: Mapping[Any, Any], *, timeout: float = 60.0) -> dict[Any, bool | None]:
         """Load every key; per key: None (a miss), or whether EVERY worker holds exactly its part of ``seed``."""
         self._check = dict(seeds)
+        self.prepare(list(seeds.values()))
         got = self.load(list(seeds), timeout=timeout)
         return {k: (None if v is None else bool(v)) for k, v in got.items()}
 
@@ -217,6 +255,24 @@ class ParallelDeployment(Deployment):
             self._loading_key = k
             out.update(super()._load_batch([k], timeout, raw))
         return out
+
+
+def oracle_jobs(cache_dtype: str, platform: str | None, logical: int, dcp: int, interleave: int, bpc: int,
+                seeds: Sequence[Any], decoders: Sequence[int]) -> list[dict[str, Any]]:
+    """vLLM writer runs that give a deployment's pages (tests/vllm_writers.py): the logical block as a TP=1
+    writer fills it, then one run per DCP rank in the platform's page order (ROCm: shuffled indexer tiles;
+    CUDA: 64-token indexer kernel blocks)."""
+    from vllm_writers import job
+
+    mla = {"auto": "auto", "fp8": "fp8_ds_mla"}[cache_dtype]
+    names = [f"{s}/{i}" for s in seeds for i in decoders]
+    local = logical // dcp
+    rocm = (platform or "").startswith("rocm")
+    kernel = 64 if platform and platform.startswith("cuda") and local > 64 else local
+    jobs = [job(mla_dtype=mla, shuffle=False, block=logical, seeds=names, blocks=bpc)]
+    jobs += [job(mla_dtype=mla, shuffle=rocm and kernel > 1, block=local, seeds=names, blocks=bpc, cp_size=dcp,
+                 cp_rank=r, interleave=interleave, kernel_block=kernel) for r in range(dcp)]
+    return jobs
 
 
 def layout_name(tp: int, pp: int = 1, dcp: int = 1) -> str:

@@ -155,6 +155,13 @@ def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
     # layer with its own dtype, shape and role.
     out_dsa = dsa_layout()
     add("dsa-fp8-mla-indexer-1.1", out_dsa, K.BlockKey("a7" * 16), _prov(tp=8, row="replicated"), 7)
+    # §4.5: the same DSA chunk as the tier writes it: the indexer's order and encoding named in the identity
+    # (CUDA and OCP-fp8 ROCm writers: e4m3fn keys, f32 scales), and an fp8 latent written on gfx942 (e4m3fnuz).
+    add("dsa-form-pinned-1.1", dsa_layout(pins={"form.dsa_indexer_fp8": "split/e4m3fn+f32"}), K.BlockKey("b7" * 16),
+        _prov(tp=2, dcp=2, row="per_worker", cp_interleave=8), 10)
+    add("fp8-fnuz-form-pinned-1.1", K.CanonicalLayout.uniform(
+        "deepseek-ai/DeepSeek-V3", "fp8", _names(2), 4, 576, pins={"form.fp8": "rows/e4m3fnuz"}),
+        K.BlockKey("b8" * 16), _prov(tp=8, row="replicated"), 11)
     # §4.3 (1.1): an opaque region, its row order pinned in kvf.pins.
     Lo = K.CanonicalLayout(model="test/opaque", kv_dtype="bfloat16", tokens_per_block=4, blocks_per_chunk=2,
                            tokens_per_hash=4, layers=(K.LayerSpec("kvf.opaque", "U8", (96,), role="opaque"),),
@@ -183,6 +190,12 @@ PINS: dict[str, dict[str, str]] = {
     "roles-all-default": {"message": r"^kvf\.roles: present but every layer is a plain MLA latent"},
     "opaque-with-another-layer": {"message": r"^kvf\.roles: an opaque layer is the only layer of its file$"},
     "pins-not-strings": {"message": r"^kvf\.pins: expected an object of strings$"},
+    "form-pin-wrong-order": {"message": r"^kvf\.pins: form\.dsa_indexer_fp8: expected 'split/<encoding>' or "
+                                        r"'unknown:<platform>', got 'rows/e4m3fn\+f32'$"},
+    "form-pin-no-such-dtype": {"message": r"^kvf\.pins: form\.fp8_e5m2: no layer of KV dtype 'fp8_e5m2'$"},
+    "form-pin-mismatch": {"message": r"^layout mismatch on pins: expected \{'form\.dsa_indexer_fp8': "
+                                     r"'split/e4m3fn\+f32'\}, found \{'form\.dsa_indexer_fp8': "
+                                     r"'split/e4m3fnuz\+f32'\}$"},
     "dsa-wrong-layer-table": {"message": r"^layout mismatch on layers\[0\]: expected \[.*'U8', \[4, 394\]\], "
                                          r"found \[.*'U8', \[4, 656\]\]$"},
     "dsa-role-mismatch": {"message": r"^layout mismatch on layers\[1\]\.role: expected \['mla', 'fp8_ds_mla'\], "
@@ -409,6 +422,20 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
         "an opaque region beside another layer", field="kvf.roles")
     add("pins-not-strings", with_meta(valid_vectors()["opaque-region-1.1"][0], kvf__pins='{"opaque": 1}'),
         "SchemaError", "F-4.15", "a kvf.pins value that is not a string", field="kvf.pins")
+    # §4.5 form pins, forged from the pinned DSA vector
+    pf = valid_vectors()["dsa-form-pinned-1.1"][0]
+    add("form-pin-wrong-order", with_meta(pf, kvf__pins=json.dumps({"form.dsa_indexer_fp8": "rows/e4m3fn+f32"})),
+        "SchemaError", "F-4.17", "an indexer's form pin that names token rows, not the file's split order",
+        field="kvf.pins")
+    add("form-pin-no-such-dtype", with_meta(pf, kvf__pins=json.dumps({"form.dsa_indexer_fp8": "split/e4m3fn+f32",
+                                                                      "form.fp8_e5m2": "rows/e5m2"})),
+        "SchemaError", "F-4.17", "a form pin for a KV dtype no layer has", field="kvf.pins")
+    fnuz = dsa_layout(pins={"form.dsa_indexer_fp8": "split/e4m3fnuz+f32"})
+    pinned = dsa_layout(pins={"form.dsa_indexer_fp8": "split/e4m3fn+f32"})
+    add("form-pin-mismatch", file_bytes(_payload(fnuz.payload_bytes, 12), fnuz, K.BlockKey("b9" * 16),
+                                        _prov(tp=8, row="replicated")), "LayoutMismatchError", "F-9.1",
+        "valid gfx942 (e4m3fnuz) DSA file; the reader's indexer writes e4m3fn", field="pins",
+        expect_layout=pinned.to_dict())
     # F-9.1 on DSA: what dividing the total by the layer count gives (4 equal layers) is not this file
     equal = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3.2", "fp8_ds_mla", [l.name for l in Ld.layers], 4,
                                       (656 + 132) // 2)

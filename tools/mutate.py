@@ -13,7 +13,10 @@ Mutants (each applied alone, in a temporary copy of the tree, never in the worki
   post-rename checks, the tier's, verify's and the remote verify's use of them, S3's conditions, the
   content check of other remote backends, the identity each reader attaches), the fused read's zero-fill
   on every exception (G-1.2), the destination/source distinction (G-1.6), the failed-eviction accounting
-  (G-5.6) and the fallback's checksum-position check (G-1.7). These run only the tests named with them.
+  (G-5.6) and the fallback's checksum-position check (G-1.7). These run only the tests named with them;
+* ``--set move``: the token-movement code (issue 20): the page sub-layouts' arithmetic, the run builder, the
+  DCP token map and its refusal in the tier's plans, the staging part copies, and compact's interleave,
+  partition and platform checks; each mutant runs only the tests that exercise it.
 
 A mutant is *killed* when at least one selected test fails (pytest ``-x``: it stops at the first
 failure, so killed mutants are quick); it *survives* when every test passes
@@ -23,6 +26,7 @@ _read.py / _fused.py mutants, the file-path tests. Prints a markdown table; ``--
 
     python tools/mutate.py                    # all mutants (~3 s to ~20 s each)
     python tools/mutate.py --only F-5.5 odirect --out /tmp/mutants.md
+    python tools/mutate.py --set move          # the token-movement mutants (issue 20)
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [f"kvformat/format/{m}.py" for m in ("_header", "_header_json", "_block", "_consts", "_spec", "_read", "_fused",
@@ -167,6 +172,62 @@ SIDE_HAND = [
 ]
 
 
+# Token movement (issue 20): where a token's bytes sit inside a page and where DCP puts them. Each runs only the
+# tests that exercise it (the oracle's pages come from tests/vllm_writers.py's on-disk cache after one run).
+SUBLAYOUT = "kvformat/layout/_sublayout.py"
+MOVE_TESTS = ["tests/test_sublayout.py"]
+LEGACY_TESTS = ["tests/test_parallel.py::test_compact_of_a_dcp_tree_requires_the_interleave",
+                "tests/test_parallel.py::test_compact_pp_layers_must_add_up_to_the_writers_layers",
+                "tests/test_parallel.py::test_legacy_pp_tree_compacts_and_loads_at_tp8"]
+STAGING_TESTS = ["tests/test_staging_parallel.py"]
+MOVE = [
+    # (tag, path, old, new, what, tests)
+    ("move", SUBLAYOUT, "scale = (base + tile * _INDEXER_KEY + tt * _INDEXER_SCALE, _INDEXER_SCALE)",
+     "scale = (base + tile * _INDEXER_KEY + t * _INDEXER_SCALE, _INDEXER_SCALE)",
+     "split: scales indexed by the page's token, not the kernel block's", MOVE_TESTS),
+    ("move", SUBLAYOUT, "row = base + (tt // _TILE) * _TILE * _INDEXER_KEY + (tt % _TILE) * _TILE",
+     "row = base + (tt // _TILE) * _TILE * _INDEXER_KEY + (tt % _TILE) * _INDEXER_KEY",
+     "shuffle16: a token's keys as a row inside its tile", MOVE_TESTS),
+    ("move", SUBLAYOUT, "return tuple((row + k * _TILE * _TILE, _TILE) for k",
+     "return tuple((row + k * _TILE, _TILE) for k", "shuffle16: 16-byte head tiles adjacent", MOVE_TESTS),
+    ("move", SUBLAYOUT, "        return SubLayout(SHUFFLE16, token_bytes, enc, 0, _SRC_SHUFFLE)",
+     "        return SubLayout(SPLIT, token_bytes, enc, 0, _SRC_SHUFFLE)", "ROCm indexer pages taken as CUDA's",
+     MOVE_TESTS),
+    ("move", SUBLAYOUT, "    if tokens % 64:\n        return None", "    if False:\n        return None",
+     "CUDA indexer pages of any block size described", MOVE_TESTS),
+    ("move", SUBLAYOUT, "SubLayout(SPLIT, token_bytes, enc, 64 if tokens != 64 else 0, _SRC_SPLIT)",
+     "SubLayout(SPLIT, token_bytes, enc, 0, _SRC_SPLIT)", "CUDA's 64-token kernel blocks ignored", MOVE_TESTS),
+    ("move", SUBLAYOUT, "        n = min(a[i][1] - ai, b[j][1] - bj)", "        n = a[i][1] - ai",
+     "a token cut only where the source cuts it", MOVE_TESTS),
+    ("move", SUBLAYOUT, "if cnt > 1 and so == s0 + cnt * ss and do == d0 + cnt * ds:",
+     "if cnt > 1 and so == s0 + cnt * ss:", "strided runs fold without checking the destination stride",
+     MOVE_TESTS),
+    ("move", SUBLAYOUT, "if out and out[-1][0] + out[-1][2] == so and out[-1][1] + out[-1][2] == do:",
+     "if out and out[-1][0] + out[-1][2] == so:", "pieces merge without checking the destination",
+     MOVE_TESTS),
+    ("move", SUBLAYOUT, "if len(dst_token) != src_tokens or len(set(dst_token)) != src_tokens or",
+     "if len(dst_token) != src_tokens or", "a token map that repeats a position accepted", MOVE_TESTS),
+    ("move", SUBLAYOUT, 'if role == "dsa_indexer" or sub.encoding != default:', "if sub.encoding != default:",
+     "the indexer's form pin (and the DSA namespace move) dropped", MOVE_TESTS),
+    ("move", "kvformat/layout/_types.py", "tokens == logical and local.name == canon.name and",
+     "tokens == logical and", "a page whose order is not the file's copied whole", MOVE_TESTS),
+    ("move", "kvformat/layout/_rules.py", "loc is not None and can is not None and loc.name != can.name}",
+     "False}", "worker pages never reordered into the file's order", MOVE_TESTS),
+    ("move", "kvformat/layout/_parallel.py", "tmap = tuple(cp_canonical_token(t, cp_rank, cp, inter)",
+     "tmap = tuple(cp_canonical_token(t, cp_rank, cp, 1)", "DCP ignores the interleave", MOVE_TESTS),
+    ("move", "kvformat/layout/_parallel.py", "        if cp > 1 and forms[n][0] is None:",
+     "        if False:", "DCP over an undescribed page order not refused", MOVE_TESTS),
+    ("move", "kvformat/staging/_parts.py", "tmap = tuple(cp_canonical_token(t, part % dcp, dcp, inter)",
+     "tmap = tuple(cp_canonical_token(t, 0, dcp, inter)", "staging: every DCP rank's tokens at rank 0's places",
+     STAGING_TESTS),
+    ("move", "kvformat/legacy/_rows.py", "    if par[\"dcp\"] > 1 and cp_interleave is None:",
+     "    if False:", "compact: a DCP tree's interleave defaults to 1", LEGACY_TESTS),
+    ("move", "kvformat/legacy/_rows.py", "                if buf[first + lo:first + lo + n] == bytes(n):",
+     "                if False:", "compact: a partition claiming layers the writer lacks accepted", LEGACY_TESTS),
+    ("move", "kvformat/legacy/_rows.py", "    if platform is None and any(platform_dependent(",
+     "    if False and any(platform_dependent(", "compact: fp8 / indexer trees need no platform", LEGACY_TESTS),
+]
+
 # Survivors shown equivalent (no input can tell them apart from the original), keyed by file and the
 # mutated statement's first line. Reported as "equivalent", not as survivors.
 EQUIVALENT = {
@@ -183,13 +244,18 @@ EQUIVALENT = {
 }
 
 
-def all_mutants() -> list[Mutant]:
+def all_mutants(which: str = "format") -> list[Mutant]:
     muts: list[Mutant] = []
-    for p in FILES:
-        muts += auto_mutants(p)
-    for must, path, old, new, what, *more in [*HAND, *SIDE_HAND]:
+    hand: list[tuple[Any, ...]] = []
+    if which in ("format", "all"):
+        for p in FILES:
+            muts += auto_mutants(p)
+        hand += [*HAND, *SIDE_HAND]
+    if which in ("move", "all"):
+        hand += MOVE
+    for must, path, old, new, what, *more in hand:
         src = open(os.path.join(ROOT, path)).read()
-        tests: tuple[str, ...] = more[0] if more else ()
+        tests: tuple[str, ...] = tuple(more[0]) if more else ()
         if len(more) > 1:  # a second edit in the same file, applied with the first: one span from one to the other
             old2, new2 = more[1]
             a, b = src.find(old), src.find(old2)
@@ -268,9 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", help="run the mutants whose MUST id or id is listed")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--set", choices=("format", "move", "all"), default="format",
+                    help="format: the MUST checks (default); move: the token-movement code (issue 20); all: both")
     ap.add_argument("--out", help="also write the markdown table here")
     a = ap.parse_args(argv)
-    muts = all_mutants()
+    muts = all_mutants(a.set)
     if a.only:
         muts = [m for m in muts if m.must in a.only or m.mid in a.only]
     if a.list:
@@ -283,10 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         for d in ("kvformat", "tests", "spec", "tools"):
             shutil.copytree(os.path.join(ROOT, d), os.path.join(tree, d),
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        base_ok, why, _ = run_tests(tree, a.tests, a.timeout)
-        if base_ok:
-            print(f"the unmutated tree fails its tests ({why}): fix that first", file=sys.stderr)
-            return 2
+        for base in sorted({tuple(m.tests) or tuple(a.tests) for m in muts}):
+            base_ok, why, _ = run_tests(tree, list(base), a.timeout)
+            if base_ok:
+                print(f"the unmutated tree fails its tests ({why}): fix that first", file=sys.stderr)
+                return 2
         rows: list[tuple[Mutant, bool | None, str, float]] = []
         t_all = time.monotonic()
         for m in muts:

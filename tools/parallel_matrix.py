@@ -14,6 +14,14 @@ hashes the same ``--logical``-token blocks (vLLM hashes a DCP deployment's block
 
     python tools/parallel_matrix.py [--family deepseek-v3-bf16] [--layers 7] [--chunks 3] [--bpc 2]
         [--logical 64] [--interleave 1] [--layouts TP8,TP4,TP1,PP2xTP4,PP4xTP2,DCP2xTP4,DCP2xTP8,PCP2xTP4]
+        [--platform cuda] [--oracle]
+
+``--platform`` is the platform the played workers run on (this machine's vLLM reports none): it decides the
+pages' FP8 flavour and the DSA indexer's order. ``--oracle`` has vLLM's own writers produce every page
+(tests/vllm_writers.py; MLA + DSA families only), e.g. the DSA + DCP matrix on ROCm's shuffled indexer:
+
+    python tools/parallel_matrix.py --family glm-5-fp8 --oracle --platform rocm --layers 2 --chunks 1 --bpc 1 \
+        --interleave 8 --layouts TP1,DCP2xTP2,DCP4xTP4,PP2xDCP2xTP2
 
 Exit status 0 only if every cell is ``hit`` and every writer's bytes per chunk equal payload + header.
 """
@@ -54,7 +62,7 @@ def deploy(layout: str, root: str, a: argparse.Namespace) -> ParallelDeployment:
     tp, pp, dcp, pcp = parse_layout(layout)
     return ParallelDeployment(a.family, [kvformat_tier(root)], tp=tp, pp=pp, dcp=dcp, pcp=pcp,
                               block_size=a.logical // dcp, bpc=a.bpc, n_layers=a.layers, interleave=a.interleave,
-                              num_chunks=2 * a.chunks + 2)
+                              num_chunks=2 * a.chunks + 2, oracle=a.oracle)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logical", type=int, default=64, help="tokens per logical (hashed) block")
     ap.add_argument("--interleave", type=int, default=1, help="vLLM's cp_kv_cache_interleave_size")
     ap.add_argument("--layouts", default=DEFAULT_LAYOUTS)
+    ap.add_argument("--platform", default="cuda", help="the workers' platform (kvformat.layout.PLATFORMS)")
+    ap.add_argument("--oracle", action="store_true", help="pages written by vLLM's own writers (DSA families)")
     a = ap.parse_args(argv)
+    import kvformat.vllm._facts as facts
+
+    facts.vllm_platform = lambda: a.platform  # type: ignore[assignment]  # the played workers' platform
     logging.getLogger("vllm").setLevel(logging.ERROR)
     layouts = [s.strip() for s in a.layouts.split(",") if s.strip()]
     keys = make_keys(a.chunks, "matrix")

@@ -21,11 +21,18 @@ pip install -q torch==2.13.0 numpy
 KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3]' build
 pip install -q --no-deps "vllm==$VLLM_VERSION" xgrammar==0.2.8
 pip install -q -r requirements/vllm-cpu.txt -r requirements/lint.txt
+case "$VLLM_VERSION" in
+  # The oracle of the token-movement tests: vLLM 0.34's own Triton cache writers, run by Triton's interpreter
+  # (tests/vllm_writers.py). CPU torch does not pull triton; 0.33 has no DeepSeek-V3.2 writers to run.
+  0.34.*) pip install -q -r requirements/oracle.txt ;;
+esac
 # The integration tests import these; fail the setup here rather than let them skip.
 python - "$VLLM_VERSION" <<'PY'
 import sys
 
 import kvformat, moto, s3fs, torch, vllm
+if sys.argv[1].startswith("0.34"):
+    import triton  # the token-movement tests' oracle (tests/vllm_writers.py)
 import vllm.distributed.kv_transfer.kv_connector.v1.offloading.events  # the KV event tracker (0.34 contract tests)
 import vllm.v1.kv_offload.tiering.spec
 import kvformat.vllm

@@ -222,7 +222,8 @@ def _cmd_compact(a: argparse.Namespace) -> int:
     try:
         rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
                       page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync, mode=a.mode,
-                      progress=bar, pp_layers=a.pp_layers, cp_interleave=a.cp_interleave)
+                      progress=bar, pp_layers=a.pp_layers, cp_interleave=a.cp_interleave,
+                      platform=a.platform)
     finally:
         bar.close()
     if a.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..layout import PLATFORMS
 from ._util import MAX_JOBS, int_arg, jobs_arg, layers_arg, mode_arg, size_arg
 
 EXIT_OK, EXIT_BAD, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 3, 130, 141
@@ -119,8 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pp-layers", type=layers_arg, default=None, metavar="N,N,...",
                    help="a pipeline-parallel writer's partition: decoder layers per stage (e.g. 31,30; vLLM's "
                         "get_pp_indices or VLLM_PP_LAYER_PARTITION); config.json names stage 0's layers only")
-    s.add_argument("--cp-interleave", type=int_arg(1, 1 << 16, "a token count"), default=1, metavar="N",
-                   help="a DCP writer's cp_kv_cache_interleave_size (vLLM's default 1; config.json omits it)")
+    s.add_argument("--cp-interleave", type=int_arg(1, 1 << 16, "a token count"), default=None, metavar="N",
+                   help="a DCP writer's cp_kv_cache_interleave_size: required for a tree written with DCP "
+                        "(config.json omits it; no default: a wrong one misplaces every token)")
+    s.add_argument("--platform", choices=PLATFORMS, default=None,
+                   help="the writer's platform, required when it decides the bytes (FP8 caches, the DSA indexer): "
+                        "cuda, cuda-mx (SM100: UE8M0 indexer scales), rocm (OCP fp8), rocm-fnuz (gfx942)")
     s.add_argument("--codec", choices=("none", "zstd"), default="none", help="payload codec (default none)")
     s.add_argument("--level", type=int_arg(0, 22, "a zstd level"), default=3, metavar="N",
                    help="zstd level 0..22 (default 3; used with --codec zstd)")

@@ -41,6 +41,12 @@ ROW_LAYOUTS = ("replicated", "per_worker", "canonical", "unknown")
 ROLES = ("mla", "dsa_indexer", "opaque")
 DEFAULT_ROLE = "mla"
 OPAQUE_LAYER = "kvf.opaque"  # §4.3: the one tensor of an opaque layout (the only allowed kvf.* layer name)
+# §4.5: the one byte order per role inside a page of a file ("rows": token t at t x bytes per token; "split":
+# every token's 128 indexer key bytes, then every token's 4 scale bytes), and the kvf.pins prefix naming a KV
+# dtype's order and encoding ("form.<kv dtype>": "<order>/<encoding>" or "unknown:<platform>").
+FORM_ORDERS: Mapping[str, str] = {"mla": "rows", "dsa_indexer": "split"}
+FORM_PIN = "form."
+FORM_UNKNOWN = "unknown:"
 
 # safetensors dtype names and item sizes (§4.2).
 DTYPE_SIZES: Mapping[str, int] = {

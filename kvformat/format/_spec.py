@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ._consts import (
-    DEFAULT_ROLE, DTYPE_SIZES, FORMAT_MAJOR, FORMAT_VERSION, FORMAT_VERSION_BASE, MAX_DIMS, MAX_LAYERS,
-    MAX_PAYLOAD_BYTES, ROLES, ROW_LAYOUTS, parse_hex, parse_name, parse_uint,
+    DEFAULT_ROLE, DTYPE_SIZES, FORM_ORDERS, FORM_PIN, FORM_UNKNOWN, FORMAT_MAJOR, FORMAT_VERSION, FORMAT_VERSION_BASE,
+    MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, ROLES, ROW_LAYOUTS, parse_hex, parse_name, parse_uint,
 )
 # Named here too for the modules that import them from this one (layout, staging).
 from ._consts import ALIGNMENT as ALIGNMENT, OPAQUE_LAYER as OPAQUE_LAYER, st_dtype_for as st_dtype_for
@@ -76,6 +76,19 @@ class LayerSpec:
         return cls(item[0], item[1], tuple(item[2]))
 
 
+def _check_form_pin(key: str, value: str, roles: set[str]) -> None:
+    """§4.5: a ``form.<kv dtype>`` pin names the byte form of that dtype's layers in the file's one order."""
+    if not roles:
+        raise SchemaError("kvf.pins", f"{key}: no layer of KV dtype {key[len(FORM_PIN):]!r}")  # F-4.17
+    if value.startswith(FORM_UNKNOWN):
+        return
+    orders = {FORM_ORDERS.get(r) for r in roles}
+    order, _, encoding = value.partition("/")
+    if len(orders) != 1 or order not in orders or not encoding:
+        raise SchemaError("kvf.pins", f"{key}: expected '{'|'.join(sorted(str(o) for o in orders))}/<encoding>' "
+                          f"or '{FORM_UNKNOWN}<platform>', got {value[:60]!r}")  # F-4.17
+
+
 @dataclass(frozen=True)
 class CanonicalLayout:
     """The TP-independent layout of a chunk's payload (spec §2).
@@ -120,6 +133,9 @@ class CanonicalLayout:
             parse_name("kvf.pins", k)
             parse_name("kvf.pins", v, allow_empty=True)
         object.__setattr__(self, "pins", dict(sorted(self.pins.items())))
+        for k, v in self.pins.items():
+            if k.startswith(FORM_PIN):
+                _check_form_pin(k, v, {l.role for l in layers if (l.kv_dtype or self.kv_dtype) == k[len(FORM_PIN):]})
         if any(l.role == "opaque" for l in layers) and len(layers) != 1:
             raise SchemaError("kvf.roles", "an opaque layer is the only layer of its file")  # F-4.14
         for l in layers:

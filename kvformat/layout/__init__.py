@@ -2,7 +2,9 @@
 
 ``_rules`` (the model's rules: per-layer roles, dtypes, shapes, opaque form; one ``RowPlan`` per KV-cache
 group), ``_types`` (its dataclasses and the slot <-> payload copies), ``_parallel`` (pipeline and
-decode-context parallel rows). No engine import: the adapters extract the facts and hand them in.
+decode-context parallel rows), ``_sublayout`` (where a token's bytes sit inside a page, per role, dtype and
+platform: the one description every token movement goes through). No engine import: the adapters extract
+the facts and hand them in.
 """
 
 from ._rules import (
@@ -10,9 +12,10 @@ from ._rules import (
     RowPlan, Shard, cp_canonical_token, formula_layer, plan_groups, pp_stage_names, role_from_name,
     stage_layer_facts,
 )
+from ._sublayout import PLATFORMS, SubLayout, describe, token_runs
 
 __all__ = [
     "ROLE_MLA", "ROLE_INDEXER", "ROLE_OPAQUE", "PACKED_DTYPES", "LayerFacts", "GroupFacts", "DeploymentFacts",
     "RowPlan", "Shard", "ParallelFacts", "plan_groups", "role_from_name", "formula_layer", "cp_canonical_token",
-    "pp_stage_names", "stage_layer_facts",
+    "pp_stage_names", "stage_layer_facts", "PLATFORMS", "SubLayout", "describe", "token_runs",
 ]

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from ._types import (
     ROLE_OPAQUE, DeploymentFacts, GroupFacts, LayerFacts, RowPlan, Run, Shard, _coalesce, _family, _layout,
-    cp_canonical_token,
+    cp_canonical_token, form_pins, layer_forms, page_runs,
 )
 from ..errors import SchemaError
 
@@ -107,14 +107,23 @@ def plan_parallel(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, La
     if len(par.stages) != par.pp or sorted(n for st in par.stages for n in st) != sorted(g.layer_names):
         raise SchemaError("parallel", "the pipeline stages do not hold exactly the group's layers")
     canon: list[LayerFacts] = []
+    forms = {}
     for n in g.layer_names:
         lf = all_facts[n]
         if lf.role == ROLE_OPAQUE or len(lf.shape) < 2 or lf.shape[0] != local_tpb or lf.page % local_tpb:
-            raise SchemaError("parallel", f"layer {n}: a {lf.page}-byte page is not {local_tpb} token rows; "
+            raise SchemaError("parallel", f"layer {n}: a {lf.page}-byte page is not {local_tpb} tokens; "
                               "its tokens cannot be placed across DCP ranks")
+        forms[n] = layer_forms(lf, facts.platform, local_tpb)
+        if cp > 1 and forms[n][0] is None:
+            # Where a token's bytes sit in such a page is not known: moving tokens would be a guess.
+            raise SchemaError("parallel", f"layer {n}: where a token's bytes sit in a {lf.role} {lf.kv_dtype} page "
+                              f"on platform {facts.platform or 'unknown'} is not described (kvformat.layout."
+                              "_sublayout); decode-context parallelism moves tokens, so it is refused for it; "
+                              "not stored")
         canon.append(LayerFacts(n, lf.role, lf.kv_dtype, lf.st_dtype, (lf.shape[0] * cp, *lf.shape[1:]), lf.page * cp))
     specs = tuple(lf.spec(facts.kv_dtype) for lf in canon)
-    layout = _layout(facts, g, specs, _family(facts), facts.pins)
+    layout = _layout(facts, g, specs, _family(facts),
+                     {**facts.pins, **form_pins(facts, [all_facts[n] for n in g.layer_names], local_tpb)})
     pay_off = dict(zip(g.layer_names, layout.layer_offsets))
     slot = facts.worker_bytes_per_block * bpc
     by_part: dict[tuple[int, int], list[int]] = {}
@@ -124,17 +133,17 @@ def plan_parallel(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, La
     for (stage, cp_rank), slots in sorted(by_part.items()):
         runs: list[Run] = []
         region = 0
+        # Local token l of this DCP rank is logical token cp_canonical_token(l) (vLLM's slot mapping).
+        tmap = tuple(cp_canonical_token(t, cp_rank, cp, inter) for t in range(local_tpb))
         for n in par.stages[stage]:
             lf = all_facts[n]
-            row = lf.page // local_tpb  # bytes per token (vLLM's canonical mapping treats MLA pages as token rows)
-            piece, count = inter * row, local_tpb // inter
+            local, can = forms[n]
             for j in range(bpc):
-                # Local tokens [c, c + inter) sit at cp_canonical_token(c): one strided run per block.
-                po = pay_off[n] + j * lf.page * cp + cp_canonical_token(0, cp_rank, cp, inter) * row
-                if cp == 1:
-                    runs.append((region + j * lf.page, po, lf.page, 1, lf.page, lf.page))
+                src, dst = region + j * lf.page, pay_off[n] + j * lf.page * cp
+                if cp == 1 and (local is None or can is None or local.name == can.name):
+                    runs.append((src, dst, lf.page, 1, lf.page, lf.page))  # whole pages: nothing moves inside
                 else:
-                    runs.append((region + j * lf.page, po, piece, count, piece, cp * piece))
+                    runs += page_runs(local, local_tpb, can, g.tokens_per_block, tmap, src, dst)
             region += lf.page * bpc
         if region > slot:
             raise SchemaError("parallel", f"pipeline stage {stage} holds {region} bytes per chunk, more than vLLM's "

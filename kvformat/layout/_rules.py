@@ -28,9 +28,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._parallel import plan_parallel, pp_stage_names, stage_layer_facts
+from ._sublayout import platform_dependent
 from ._types import (
     _ITEMSIZE, MLA_WIDTHS, PACKED_DTYPES, ROLE_INDEXER, ROLE_MLA, ROLE_OPAQUE, DeploymentFacts, GroupFacts, LayerFacts,
-    ParallelFacts, RowPlan, Shard, _coalesce, _family, _layout, cp_canonical_token, role_from_name,
+    ParallelFacts, RowPlan, Run, Shard, _coalesce, _family, _layout, cp_canonical_token, form_pins, layer_forms,
+    page_runs, role_from_name,
 )
 from ..format._spec import OPAQUE_LAYER, LayerSpec, st_dtype_for
 from ..errors import SchemaError
@@ -77,6 +79,9 @@ def _opaque(facts: DeploymentFacts, g: GroupFacts, why: str) -> RowPlan:
     pins = {**facts.pins, "opaque": "v1", "row.kv_cache_layout": str(facts.kv_cache_layout or ""),
             "row.worker_bytes_per_block": str(facts.worker_bytes_per_block),
             "row.layers_sha256": hashlib.sha256(names.encode()).hexdigest()}
+    if platform_dependent(ROLE_MLA, facts.kv_dtype) or any(role_from_name(n) != ROLE_MLA
+                                                            for gf in facts.groups for n in gf.layer_names):
+        pins["row.platform"] = facts.platform or "unknown"  # FP8 flavour, indexer order: the platform's
     spec = LayerSpec(OPAQUE_LAYER, "U8", (facts.worker_bytes_per_block,), role=ROLE_OPAQUE)
     layout = _layout(facts, g, (spec,), _family(facts), pins)
     return RowPlan(layout, slot, ((0, 0, slot, 1, slot, slot),), "opaque", f"{facts.source}; opaque: {why}")
@@ -154,14 +159,19 @@ def _fallback_placement(facts: DeploymentFacts, g: GroupFacts, lfs: list[LayerFa
 
 def _plan_group(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, LayerFacts]) -> RowPlan:
     lfs = [all_facts[n] for n in g.layer_names]
-    bpc = facts.blocks_per_chunk
+    bpc, tpb = facts.blocks_per_chunk, g.tokens_per_block
     specs = tuple(lf.spec(facts.kv_dtype) for lf in lfs)
-    layout = _layout(facts, g, specs, _family(facts), facts.pins)
+    layout = _layout(facts, g, specs, _family(facts), {**facts.pins, **form_pins(facts, lfs, tpb)})
     slot = facts.worker_bytes_per_block * bpc
     # The payload: each layer's pages in layer order, block j at j * page.
     pay_off = list(layout.layer_offsets)
+    # A layer whose worker pages are not in the file's order (a ROCm shuffled indexer, a CUDA indexer block of
+    # several kernel blocks) moves token by token; every other layer moves as whole pages.
+    forms = {lf.name: layer_forms(lf, facts.platform, tpb) for lf in lfs}
+    reorder = {n for n, (loc, can) in forms.items() if loc is not None and can is not None and loc.name != can.name}
+    ident = tuple(range(tpb))
     packed = any(lf.gpu_block_stride is not None and lf.gpu_block_stride != lf.page for lf in all_facts.values())
-    runs = []
+    runs: list[Run] = []
     if packed and facts.row != "canonical":
         # One region of block_stride bytes per block; each layer at its offset inside the block.
         stride = next(lf.gpu_block_stride for lf in all_facts.values() if lf.gpu_block_stride != lf.page)
@@ -169,7 +179,12 @@ def _plan_group(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, Laye
         if any(lf.gpu_offset is None or lf.gpu_offset + lf.page > stride for lf in lfs):
             raise SchemaError("layout", "a layer lies outside its packed block")
         for lf, po in zip(lfs, pay_off):
-            runs.append((lf.gpu_offset or 0, po, lf.page, bpc, stride, lf.page))
+            if lf.name in reorder:
+                for j in range(bpc):
+                    runs += page_runs(forms[lf.name][0], tpb, forms[lf.name][1], tpb, ident,
+                                      (lf.gpu_offset or 0) + j * stride, po + j * lf.page)
+            else:
+                runs.append((lf.gpu_offset or 0, po, lf.page, bpc, stride, lf.page))
         return RowPlan(layout, slot, tuple(runs), "block_outer", facts.source)
     # Layer-outer: one region per distinct GPU tensor (aliased layers share one), in the order of the
     # selected groups' layer names, each page * bpc bytes.
@@ -187,7 +202,12 @@ def _plan_group(facts: DeploymentFacts, g: GroupFacts, all_facts: dict[str, Laye
     if region_off > slot:
         raise SchemaError("layout", f"the layers' regions ({region_off} bytes) exceed the row slot ({slot})")
     for lf, po in zip(lfs, pay_off):
-        runs.append((where[lf.name], po, lf.page * bpc, 1, lf.page * bpc, lf.page * bpc))
+        if lf.name in reorder:
+            for j in range(bpc):
+                runs += page_runs(forms[lf.name][0], tpb, forms[lf.name][1], tpb, ident, where[lf.name] + j * lf.page,
+                                  po + j * lf.page)
+        else:
+            runs.append((where[lf.name], po, lf.page * bpc, 1, lf.page * bpc, lf.page * bpc))
     merged = _coalesce(runs)
     return RowPlan(layout, slot, merged, "layer_outer", facts.source)
 

@@ -12,6 +12,8 @@ from typing import Mapping, Sequence
 
 from ..format._native import copy_runs
 from ..format._spec import CanonicalLayout, LayerSpec
+from ..errors import SchemaError
+from ._sublayout import SubLayout, canonical, describe, identity_pins, token_runs
 
 ROLE_MLA = "mla"
 ROLE_INDEXER = "dsa_indexer"
@@ -128,6 +130,10 @@ class DeploymentFacts:
     replicated_kv_known: bool = False
     # Pipeline / decode-context parallel placement (None or trivial: every worker slot holds the chunk).
     parallel: ParallelFacts | None = None
+    # The platform whose vLLM writers filled the pages (kvformat.layout._sublayout.PLATFORMS), read from vLLM
+    # at start-up (or given to compact); None: unknown, so only layers whose bytes no platform changes have a
+    # described sub-layout.
+    platform: str | None = None
 
     @property
     def block_outer(self) -> bool:
@@ -219,6 +225,44 @@ def _copy_runs(src: memoryview, dst: memoryview, runs: Sequence[tuple[int, int, 
     # One native call with the GIL released (every piece bounds-checked first): reorders of several chunks,
     # thousands of token runs each for a DCP row, run on several cores.
     copy_runs(dst, src, _runs_array(tuple(runs), to_payload))
+
+
+def layer_forms(lf: LayerFacts, platform: str | None, tokens: int) -> tuple[SubLayout | None, SubLayout | None]:
+    """A layer's sub-layout in a worker's ``tokens``-token page (None: not described) and in the file's
+    page (the canonical one, same encoding; None with the first)."""
+    tb = lf.page // tokens
+    local = describe(lf.role, lf.kv_dtype, tb, platform, tokens)
+    if local is None:
+        return None, None
+    return local, canonical(lf.role, lf.kv_dtype, tb, local.encoding)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rel_runs(local: SubLayout, tokens: int, canon: SubLayout, logical: int,
+              dst_token: tuple[int, ...]) -> tuple[Run, ...]:
+    return tuple(token_runs(local, tokens, canon, logical, dst_token))
+
+
+def page_runs(local: SubLayout | None, tokens: int, canon: SubLayout | None, logical: int,
+              dst_token: tuple[int, ...], src: int, dst: int) -> list[Run]:
+    """Runs placing one worker page (at ``src``) into the file's page (at ``dst``): the whole page when the
+    two orders coincide and the map is the identity, else every token through its sub-layouts.
+
+    Raises SchemaError when a token would move and a sub-layout is not described."""
+    page = (local.token_bytes if local else 0) * tokens
+    if local is not None and canon is not None and tokens == logical and local.name == canon.name and \
+            dst_token == tuple(range(tokens)):
+        return [(src, dst, page, 1, page, page)]
+    if local is None or canon is None:
+        raise SchemaError("sublayout", "a page whose sub-layout is not described cannot be moved token by token")
+    return [(src + so, dst + do, n, c, ss, ds) for so, do, n, c, ss, ds in _rel_runs(local, tokens, canon, logical,
+                                                                                        dst_token)]
+
+
+def form_pins(facts: DeploymentFacts, lfs: Sequence[LayerFacts], tokens: int) -> dict[str, str]:
+    """The identity pins naming the file's byte form of ``lfs`` (see :func:`identity_pins`)."""
+    return identity_pins([(lf.role, lf.kv_dtype, layer_forms(lf, facts.platform, tokens)[0]) for lf in lfs],
+                         facts.platform)
 
 
 def _layout(facts: DeploymentFacts, g: GroupFacts, specs: tuple[LayerSpec, ...], family: str,

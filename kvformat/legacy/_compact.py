@@ -156,11 +156,14 @@ def check_destination(src: str, dst: str) -> None:
 def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_source: bool = False,
             page_bytes: int | None = None, codec: str = "none", level: int = 3, fsync: bool = False,
             mode: int | None = None, progress: CompactProgress | None = None,
-            pp_layers: tuple[int, ...] | None = None, cp_interleave: int = 1) -> CompactReport:
+            pp_layers: tuple[int, ...] | None = None, cp_interleave: int | None = None,
+            platform: str | None = None) -> CompactReport:
     """Compact the legacy root ``src`` into the kvformat root ``dst``. See the module docstring.
 
-    ``pp_layers`` / ``cp_interleave``: a pipeline-parallel writer's partition and a DCP writer's token
-    interleave, which config.json does not record (:func:`kvformat.legacy.infer_row` checks them).
+    ``pp_layers`` / ``cp_interleave`` / ``platform``: a pipeline-parallel writer's partition, a DCP writer's
+    token interleave (required for a DCP tree) and the writer's platform (required when it decides the bytes:
+    FP8 caches, the DSA indexer), none of which config.json records (:func:`kvformat.legacy.infer_row` checks
+    them).
 
     ``progress`` (optional) gets the total, each file and the failure lines.
     ``mode``: exact permission bits of the files written (directories created get ``dir_mode(mode)``);
@@ -172,14 +175,14 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
     if mode is None or dry_run:
         return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
                         codec=codec, level=level, fsync=fsync, mode=None, progress=progress or _Silent(),
-                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave})
+                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform})
     # A umask no wider than the mode while writing: a file or directory is never created more open than
     # asked, not even between its creation and the chmod. The CLI is its own process; restored after.
     old = os.umask(0o777 & ~dir_mode(mode))
     try:
         return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
                         codec=codec, level=level, fsync=fsync, mode=mode, progress=progress or _Silent(),
-                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave})
+                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform})
     finally:
         os.umask(old)
 

@@ -39,6 +39,7 @@ from ..layout._rules import (
     DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer, plan_groups, pp_stage_names,
     stage_layer_facts,
 )
+from ..layout._sublayout import PLATFORMS, platform_dependent
 
 __all__ = [
     "ROW_ALIGN", "LegacyNamespace", "LegacyFile", "RowLayout", "Ignored", "find_namespaces", "is_legacy_root",
@@ -71,6 +72,8 @@ class RowLayout:
     plan: RowPlan | None = None
     pp_layers: tuple[int, ...] = ()
     cp_interleave: int = 1
+    # Pipeline rows: per stage, (slot offset, bytes) of each of its layers' regions (what the writer filled).
+    stage_regions: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     @property
     def padding(self) -> int:
@@ -80,7 +83,7 @@ class RowLayout:
 # -- row layout ---------------------------------------------------------------------------------------
 def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: int | None = None,
               kv_cache_layout: str = "LBNHC", pp_layers: Sequence[int] | None = None,
-              cp_interleave: int = 1) -> RowLayout:
+              cp_interleave: int | None = None, platform: str | None = None) -> RowLayout:
     """The row layout of a ``file_size``-byte file of ``group``, from config.json and the size.
 
     Unknowns are the bytes per block and the padding: ``row = round_up(bytes_per_block * bpf * copies,
@@ -96,7 +99,11 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     against vLLM's per-worker slot (a stage never holds more than stage 0) and, per file, against the bytes
     (the slot bytes past a stage's layers are never written by vLLM, so they must be zero). DCP rows
     (``dcp_size`` > 1) hold each DCP rank's tokens of a block; ``cp_interleave`` is vLLM's
-    ``cp_kv_cache_interleave_size`` (CLI ``--cp-interleave``, vLLM's default 1), which config.json does not record.
+    ``cp_kv_cache_interleave_size`` (CLI ``--cp-interleave``), which config.json does not record: it is required
+    for such a tree (a wrong interleave would put every token's bytes at another token's place with valid
+    checksums), and it must split a DCP rank's block into whole runs. ``platform`` (CLI ``--platform``) names
+    the writer's platform when a layer's bytes depend on it (FP8 caches, the DSA indexer: kvformat.layout.
+    _sublayout); config.json does not record it either, so such a tree is refused without it.
 
     Raises LegacyLayoutError (``hint`` names the CLI flag when a hint would resolve it).
     """
@@ -110,9 +117,6 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if not names or tpb <= 0:
         raise LegacyLayoutError(f"group {group} has no layers or tokens_per_block", path=where)
     par = ns.parallel()
-    if par["pcp"] > 1 and par["dcp"] > 1:
-        raise LegacyLayoutError(f"prefill- with decode-context-parallel rows (pcp_size={par['pcp']}, dcp_size="
-                                f"{par['dcp']}) are not supported (as in the tier)", path=where)
     if par["pp"] > 1 and pp_layers is None:
         raise LegacyLayoutError(
             f"pipeline-parallel rows (pp_size={par['pp']}): each stage's slot holds only its own layers and "
@@ -121,7 +125,13 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if pp_layers is not None and (par["pp"] == 1 or len(pp_layers) != par["pp"] or min(pp_layers) < 1):
         raise LegacyLayoutError(f"--pp-layers {','.join(map(str, pp_layers))} does not give {par['pp']} stage(s) "
                                 "of at least one layer (config.json's pp_size)", path=where)
-    sharded = par["pp"] > 1 or par["dcp"] > 1 or par["pcp"] > 1  # PCP ranks alone are replicas (see the tier)
+    if par["dcp"] > 1 and cp_interleave is None:
+        raise LegacyLayoutError(
+            f"decode-context-parallel rows (dcp_size={par['dcp']}): each DCP rank holds interleaved runs of a "
+            "block's tokens and config.json does not record the run length; give the writer's "
+            "cp_kv_cache_interleave_size", hint="--cp-interleave", path=where)
+    cp_interleave = cp_interleave or 1
+    sharded = par["pp"] > 1 or par["dcp"] > 1 or par["pcp"] > 1  # PCP ranks are replicas (see the tier)
     if sharded and (tpb % par["dcp"] or (tpb // par["dcp"]) % cp_interleave):
         raise LegacyLayoutError(f"tokens_per_block {tpb} does not split into {par['dcp']} DCP ranks of whole "
                                 f"interleave runs of {cp_interleave}", path=where)
@@ -162,7 +172,8 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         facts = DeploymentFacts(model=ns.model, kv_dtype=ns.dtype, tokens_per_hash=ns.tokens_per_hash or tpb,
                                 blocks_per_chunk=bpf, worker_bytes_per_block=w,
                                 groups=(GroupFacts(group, tpb, tuple(names)),), row=kind, copies=copies,
-                                kv_cache_layout=kv_cache_layout, source="legacy config.json + file size")
+                                kv_cache_layout=kv_cache_layout, source="legacy config.json + file size",
+                                platform=platform)
         try:
             plan = plan_groups(facts)[group]
         except SchemaError as e:
@@ -183,9 +194,14 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         raise LegacyLayoutError(f"size {file_size} fits no row of {len(names)} layers x {bpf} blocks x "
                                 f"{copies} slots that kvformat can describe layer by layer")
     w, plan = plans[0]
+    if platform is None and any(platform_dependent(l.role, l.kv_dtype or ns.dtype) for l in plan.layout.layers):
+        raise LegacyLayoutError(
+            f"{ns.dtype} layers ({', '.join(sorted({l.role for l in plan.layout.layers}))}): the platform that wrote "
+            "them decides their bytes (FP8 flavour, the DSA indexer's order) and config.json does not record it; "
+            f"give the writer's platform ({', '.join(PLATFORMS)})", hint="--platform", path=where)
     if sharded:
         return _sharded_row(ns, group, file_size, w, plan, full_tpb, par, tuple(pp_layers or ()), cp_interleave,
-                            kv_cache_layout, where)
+                            kv_cache_layout, where, platform)
     return RowLayout(kind=kind, copies=copies, page_bytes=plan.layout.layers[0].page_bytes, slot_bytes=w * bpf,
                      row_bytes=file_size, layout=plan.layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
                      parallel=par)
@@ -193,7 +209,7 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
 
 def _sharded_row(ns: LegacyNamespace, group: int, file_size: int, w: int, stage0: RowPlan, full_tpb: int,
                  par: Mapping[str, int], pp_layers: tuple[int, ...], inter: int, kv_cache_layout: str,
-                 where: str) -> RowLayout:
+                 where: str, platform: str | None) -> RowLayout:
     """The row of a PP and/or DCP writer: stage 0's layers as inferred, the other stages named by the partition,
     and the plan that assembles the canonical payload (the same rule as the tier: kvformat.layout)."""
     lay = stage0.layout
@@ -216,13 +232,23 @@ def _sharded_row(ns: LegacyNamespace, group: int, file_size: int, w: int, stage0
                              blocks_per_chunk=ns.blocks_per_file, worker_bytes_per_block=w,
                              groups=(GroupFacts(group, full_tpb, canonical),), row="per_worker",
                              copies=par["tp"] * par["pp"] * par["pcp"], kv_cache_layout=kv_cache_layout, layers=facts,
-                             source="legacy config.json + file size + partition", parallel=pf)
+                             source="legacy config.json + file size + partition", parallel=pf,
+                             platform=platform)
         plan = plan_groups(df)[group]
     except SchemaError as e:
         raise LegacyLayoutError(e.message, path=where) from None
+    regions = []
+    for st in stages if par["pp"] > 1 else ():
+        off, mine = 0, []
+        for name in st:
+            size = facts[name].page * ns.blocks_per_file
+            mine.append((off, size))
+            off += size
+        regions.append(tuple(mine))
     return RowLayout(kind="per_worker", copies=par["tp"] * par["pp"] * par["pcp"], page_bytes=lay.layers[0].page_bytes,
                      slot_bytes=w * ns.blocks_per_file, row_bytes=file_size, layout=plan.layout,
-                     provenance_tp=par["tp"], parallel=par, plan=plan, pp_layers=pp_layers, cp_interleave=inter)
+                     provenance_tp=par["tp"], parallel=par, plan=plan, pp_layers=pp_layers, cp_interleave=inter,
+                     stage_regions=tuple(regions))
 
 
 def _addr(buf: memoryview) -> int:
@@ -268,7 +294,7 @@ def _assemble(row: RowLayout, plan: RowPlan, buf: memoryview, path: str | None) 
     stage's layers (never written by vLLM) must be zero, else the partition does not describe this file."""
     s = row.slot_bytes
     out = memoryview(bytearray(row.layout.payload_bytes))
-    for shard in plan.shards:
+    for k, shard in enumerate(plan.shards):  # sorted by (stage, DCP rank)
         first = shard.slots[0] * s
         if not _replicas_equal(buf, [w * s for w in shard.slots], shard.used):
             raise ReplicaMismatchError([xxh3_hex(buf[x * s:x * s + shard.used]) for x in shard.slots], path=path)
@@ -278,6 +304,16 @@ def _assemble(row: RowLayout, plan: RowPlan, buf: memoryview, path: str | None) 
                 raise LegacyLayoutError(
                     f"worker {w}'s slot holds data past its stage's {shard.used} bytes of layers: the partition "
                     f"{','.join(map(str, row.pp_layers))} does not describe this file", hint="--pp-layers", path=path)
+        if row.stage_regions:
+            # vLLM writes every layer of a stored chunk and no KV page is all zero bytes (the scales of FP8
+            # caches are powers of two, latents are normalised): an all-zero layer is one the writer did not
+            # have, so the partition claims more layers than the writer's stage held.
+            for lo, n in row.stage_regions[k // max(1, row.parallel.get("dcp", 1))]:
+                if buf[first + lo:first + lo + n] == bytes(n):
+                    raise LegacyLayoutError(
+                        f"worker {shard.slots[0]}'s slot holds no data at {lo}..{lo + n} (a layer of its stage by the "
+                        f"partition {','.join(map(str, row.pp_layers))}): the writer did not have that layer, so the "
+                        "partition does not add up to the writer's layers", hint="--pp-layers", path=path)
         plan.gather_shard(shard, buf[first:first + s], out)
     return out
 

@@ -2,7 +2,7 @@
 
 The same placement vLLM uses and the tier assembles (docs/layout.md): rank ``w`` is pipeline stage
 ``w // (pcp * tp)``, PCP rank ``(w // tp) % pcp`` and TP rank ``w % tp``; its DCP rank is ``tp rank % dcp``
-(PCP ranks, without DCP, hold the whole KV: replicas like TP ranks); a stage holds a contiguous range
+(PCP ranks hold replicas of their TP group's KV, with or without DCP); a stage holds a contiguous range
 of the layers, a DCP rank the tokens ``t`` of each logical block with ``(t // interleave) % dcp`` equal
 to its rank. One *part* of a chunk is what one (stage, DCP rank) holds; the TP ranks sharing a part
 hold it byte for byte (the MLA latent), and one of them writes it.
@@ -33,13 +33,14 @@ class RankPlacement:
     interleave: int = 1
     stages: tuple[tuple[str, ...], ...] = ()
     pcp: int = 1
+    # The platform whose vLLM writers filled the pages (kvformat.layout._sublayout.PLATFORMS): where a token's
+    # bytes sit in a page. None: unknown, so DCP is refused for layers whose order the platform decides.
+    platform: str | None = None
 
     def __post_init__(self) -> None:
         if min(self.tp, self.pp, self.dcp, self.interleave, self.pcp) < 1 or self.tp % self.dcp:
             raise StagingError(f"placement: expected tp, pp, dcp, pcp, interleave >= 1 with dcp dividing tp, got "
                                f"tp={self.tp} pp={self.pp} dcp={self.dcp} pcp={self.pcp} interleave={self.interleave}")
-        if self.pcp > 1 and self.dcp > 1:
-            raise StagingError("placement: PCP with DCP is not supported (as in the vLLM tier: docs/layout.md)")
         if self.stages and len(self.stages) != self.pp:
             raise StagingError(f"placement: {len(self.stages)} stages' layers for pp={self.pp}")
         if not self.stages and self.pp != 1:

@@ -20,7 +20,7 @@ from ..layout._rules import (
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
-__all__ = ["deployment_facts", "derive_plans", "derive_layout"]
+__all__ = ["deployment_facts", "derive_plans", "derive_layout", "vllm_platform"]
 
 
 def _vllm_context(cfg: Any) -> tuple[Any, Any]:
@@ -186,23 +186,52 @@ def _pp_stages(cfg: Any, vc: Any) -> tuple[tuple[tuple[str, ...], ...], tuple[st
     return stages, canonical, twin, tuple(b - a for a, b in ranges)
 
 
+def vllm_platform() -> str | None:
+    """The platform whose writers fill this deployment's pages (``kvformat.layout.PLATFORMS``), from vLLM's
+    ``current_platform`` (the engine core, which builds the tier, runs on the workers' platform): its FP8
+    flavour (``fp8_dtype()``, what every vLLM FP8 cache write uses) and, on CUDA, whether the DSA indexer
+    stores UE8M0-packed scales (``deep_gemm.mqa_logits_use_mx_scales``). None when vLLM reports another
+    platform or an answer kvformat has no description for."""
+    import torch
+    from vllm.platforms import current_platform as p
+
+    try:
+        if p.is_cuda():
+            from vllm.utils.deep_gemm import mqa_logits_use_mx_scales
+
+            if p.fp8_dtype() != torch.float8_e4m3fn:
+                return None
+            return "cuda-mx" if mqa_logits_use_mx_scales() else "cuda"
+        if p.is_rocm():
+            fp8 = p.fp8_dtype()
+            return {torch.float8_e4m3fnuz: "rocm-fnuz", torch.float8_e4m3fn: "rocm"}.get(fp8)
+    except Exception:  # noqa: BLE001 - a platform query that fails (no device) is no answer
+        return None
+    return None
+
+
+_DETECT: Any = object()
+
+
 def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vllm_config: Any = None,
-                     kv_cache_config: Any = None) -> DeploymentFacts:
+                     kv_cache_config: Any = None, platform: Any = _DETECT) -> DeploymentFacts:
     """What ``spec``'s deployment stores per chunk, from vLLM's own objects (see :mod:`kvformat.layout`).
 
     ``vllm_config``/``kv_cache_config`` default to those of the connector constructing the tier (found
-    in the caller's frames). Raises SchemaError for deployments kvformat does not store (pipeline or
-    context parallelism, a group that is not MLA).
+    in the caller's frames); ``platform`` to :func:`vllm_platform`. Raises SchemaError for deployments
+    kvformat does not store (a group that is not MLA, DCP over pages whose token order is not described).
     """
     cfg = spec.config
     par = cfg.parallel
-    if par.pcp_size != 1 and par.dcp_size != 1:
-        raise SchemaError("parallel", f"prefill context parallelism with decode context parallelism (pcp="
-                          f"{par.pcp_size}, dcp={par.dcp_size}) is not supported: vLLM 0.34 then shards tokens over "
-                          "DCP x PCP ranks while the scheduler's block is scaled by DCP only; which tokens a rank's "
-                          "block holds could not be established from vLLM's sources, so it is refused, not guessed")
-    # PCP alone: vLLM gathers the KV back to every PCP rank (worker/gpu/pcp_manager.py), so PCP ranks are
-    # replicas like TP ranks; every store checks them byte for byte, so a wrong premise stores nothing.
+    if platform is _DETECT:
+        platform = vllm_platform()
+    # PCP ranks hold replicas of their TP group's KV, not token shards: vLLM 0.34's scheduler scales the
+    # block by DCP only (v1/core/sched/scheduler.py passes pcp_world_size=1 to the KV cache manager), the
+    # worker's slot mapping shards tokens over DCP only (v1/worker/gpu/model_runner.py: BlockTables(cp_size=
+    # dcp_size, cp_rank=dcp_rank)), and PCPManager writes the KV gathered from every PCP rank into every PCP
+    # rank's cache through the global batch's slot mappings (v1/worker/gpu/pcp_manager.py
+    # prepare_slot_mappings). vLLM's offloading canonical_mapping (cp_size = dcp * pcp) disagrees with its
+    # own runner; tests/test_pcp.py runs the runner's slot mapping. Every store still checks PCP replicas.
     sharded = par.pp_size > 1 or par.dcp_size > 1 or par.pcp_size > 1
     if kv_cache_config is None:
         vllm_config, kv_cache_config = _vllm_context(cfg)
@@ -262,7 +291,7 @@ def deployment_facts(spec: "OffloadingSpec", revision: str | None = None, *, vll
                            blocks_per_chunk=spec.blocks_per_chunk, worker_bytes_per_block=cfg.worker_kv_bytes_per_block,
                            groups=groups, row=row, copies=copies, kv_cache_layout=cfg.kv_cache_layout,
                            canonical_family=canonical, revision=revision, pins=pins, layers=layers, source=source,
-                           replicated_kv_known=known, parallel=parallel)
+                           replicated_kv_known=known, parallel=parallel, platform=platform)
 
 
 def _sharded_facts(cfg: Any, vc: Any, groups: tuple[GroupFacts, ...], layers: dict[str, LayerFacts]
