@@ -22,9 +22,12 @@ from ..format._header import check_layout
 from ..format._paths import hash_relpath
 from ..format._spec import BlockKey, CanonicalLayout, Provenance
 from ..layout._rules import RowPlan
-from ..errors import ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
+from ..errors import (
+    ChecksumError, KVFormatError, LayoutMismatchError, ReplicaMismatchError, TagMismatchError, UnknownKeyError,
+)
 from ..format._fused import read_into_fused, write_block_fused
 from ..format._native import xxh3_64
+from ..format._seal import Keyring, key_for
 from ..storage import Store
 from ..storage._local import LocalStore
 from ._config import TierConfig
@@ -32,6 +35,7 @@ from ._lru import LRUIndex
 from ._counters import COUNTERS as COUNTERS, Counters
 from ._pool import BatchWorker
 from ._scan import scan_root
+from ._sealing import sealed_plans, tier_keyring
 
 logger = logging.getLogger("kvformat.vllm")
 
@@ -53,6 +57,9 @@ class RowEngine:
         if isinstance(plan, CanonicalLayout):  # a payload that is the whole slot, as stored
             n = plan.payload_bytes
             plan = RowPlan(plan, n, ((0, 0, n, 1, n, n),), "layer_outer", "payload")
+        plan = sealed_plans({0: plan}, cfg)[0]  # spec §12: the seal level is part of the namespace
+        # Sealed tiers seal new files under the first key and open files of every key they hold.
+        self.keys: Keyring | None = share.keys if share is not None else tier_keyring(cfg)
         self.store = store
         self.plan = plan
         self.layout = layout = plan.layout
@@ -142,6 +149,14 @@ class RowEngine:
         self.on_removed(gone)
 
     def quarantine(self, rel: str, err: KVFormatError) -> None:
+        if isinstance(err, UnknownKeyError):
+            # Sealed under a key this tier does not hold: another trust domain's file, or a key left out of
+            # the config. A miss, counted, but not moved: a misconfigured deployment must not empty a cache.
+            self.index.remove(rel)
+            self._mtimes.pop(rel, None)
+            self.counters.add(unknown_key_files=1)
+            self.warn_once(err.reason, "kvformat tier: %s; served as a miss, file left in place", err)
+            return
         reason = err.reason
         self.index.remove(rel)
         self._mtimes.pop(rel, None)
@@ -151,7 +166,8 @@ class RowEngine:
             moved = None
             self.warn_once("quarantine_error", "kvformat tier: could not quarantine %s: %s", rel, e)
         self.counters.add(corrupt_files=1, checksum_failures=int(isinstance(err, ChecksumError)),
-                          layout_mismatches=int(isinstance(err, LayoutMismatchError)))
+                          layout_mismatches=int(isinstance(err, LayoutMismatchError)),
+                          seal_failures=int(isinstance(err, TagMismatchError)))
         self.counters.add_quarantine(reason)
         self.warn_once(reason, "kvformat tier: %s; served as a miss, file moved to %s", err, moved)
         self.on_removed([rel])
@@ -185,7 +201,8 @@ class RowEngine:
                  else (self.copies - 1) * self.slot)
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
                                     level=self.cfg.compression_level,
-                                    payload_xxh3=digests[0] if digests else (0 if fuse else None))
+                                    payload_xxh3=digests[0] if digests else (0 if fuse else None), keys=self.keys,
+                                    out=self._buffer(2) if self.layout.seal == "encrypt" else None)
         size = len(hdr) + len(data)
         for attempt in range(STORE_ATTEMPTS):
             if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
@@ -247,7 +264,9 @@ class RowEngine:
     def _buffer(self, i: int) -> memoryview:
         bufs = getattr(self._scratch, "bufs", None)
         if bufs is None:
-            bufs = self._scratch.bufs = [memoryview(bytearray(self.payload_bytes)) for _ in range(2)]
+            bufs = self._scratch.bufs = []
+        while len(bufs) <= i:  # 0, 1: gathers; 2: an encrypted store's ciphertext (made on first use)
+            bufs.append(memoryview(bytearray(self.payload_bytes)))
         buf: memoryview = bufs[i]
         return buf
 
@@ -281,6 +300,8 @@ class RowEngine:
             if hdr.key != key:
                 raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
             check_layout(hdr.layout, self.layout)
+            if hdr.seal is not None:
+                key_for(hdr, self.keys)  # F-12.5: a file no held key opens is no hit
         except KVFormatError as e:
             self.quarantine(rel, e.with_path(rel))
             return None
@@ -301,8 +322,8 @@ class RowEngine:
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
         if self._fused:  # one read of header + payload; dst is ours, zeroed on any failure
             return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
-                                   verify=self.cfg.verify, o_direct=self._o_direct)
-        return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify)
+                                   verify=self.cfg.verify, o_direct=self._o_direct, keys=self.keys)
+        return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify, keys=self.keys)
 
     # -- load ----------------------------------------------------------------------------------
     def load_chunk(self, h: str, chunk_id: int) -> int | None:
