@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..format._files import is_regular_file, iter_files, read_small_file
-from ..format._io import read_header, read_into
+from ..format._io import read_header, verify_file
+from ..format._seal import Keyring
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ..format._placement import placement_error
 from ._scan_stats import NamespaceStats, ProgressSink, ScanResult, os_error_text, totals
@@ -40,9 +41,10 @@ def namespace_dirs(root: str) -> set[str]:
         return set()
 
 
-def _check_entry(root: str, e: StoreEntry, verify: bool
+def _check_entry(root: str, e: StoreEntry, verify: bool, keys: Keyring | None = None,
                  ) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]:
-    """What a load of the file would find: its header (and payload), checked against its path."""
+    """What a load of the file would find: its header (and payload), checked against its path. A sealed file
+    is authenticated with ``keys``; without them its stored bytes are checked as far as no key allows."""
     path = os.path.join(root, e.relpath)
     try:
         hdr = read_header(path, verify=True)
@@ -50,7 +52,7 @@ def _check_entry(root: str, e: StoreEntry, verify: bool
         if err is not None:
             return e, None, err.with_path(path)
         if verify:
-            read_into(path, bytearray(hdr.raw_bytes), verify=True)
+            verify_file(path, keys=keys)
         return e, hdr, None
     except KVFormatError as err:
         return e, None, err
@@ -61,7 +63,7 @@ def _check_entry(root: str, e: StoreEntry, verify: bool
 
 
 def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 4,
-              progress: ProgressSink | None = None) -> ScanResult:
+              progress: ProgressSink | None = None, keys: Keyring | None = None) -> ScanResult:
     """Read every block file's header under a kvformat root (and every payload with ``verify``).
 
     ``root`` is the store root; ``prefix`` a namespace to scan alone. Only files at a block path
@@ -69,6 +71,7 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
     load checks it (header, key and namespace against its path; checksums); other ``.kvf`` files
     are listed in ``ignored``, as is a namespace.json that is a symlink or not a regular file.
     ``progress`` is told the number of files once listed, then each file's size once it is checked.
+    ``keys``: sealed files are authenticated with them (spec §12); without, they are checked keylessly.
 
     Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
     verification reads and hashes in threads (I/O and xxh3 release the GIL).
@@ -95,9 +98,9 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
         ex = ThreadPoolExecutor(max_workers=jobs)
-        results = ex.map(lambda e: _check_entry(root, e, verify), entries)
+        results = ex.map(lambda e: _check_entry(root, e, verify, keys), entries)
     else:
-        results = (_check_entry(root, e, verify) for e in entries)
+        results = (_check_entry(root, e, verify, keys) for e in entries)
     try:
         for e, hdr, err in results:
             ns = e.relpath.split("/", 1)[0]
@@ -119,11 +122,7 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
                 res.bad.append((e.relpath, err))
                 continue
             assert hdr is not None
-            if acc.layout is None:
-                acc.layout = hdr.layout
-            acc.tps[hdr.provenance.tp] += 1
-            acc.raw += hdr.raw_bytes
-            acc.data += hdr.data_bytes
+            acc.add_header(hdr)
     finally:
         if ex is not None:
             ex.shutdown()

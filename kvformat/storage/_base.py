@@ -149,12 +149,14 @@ class Store(abc.ABC):
 
     def read_many_into(self, items: Sequence[tuple[str, Any, BlockKey | None]], *,
                        expect: CanonicalLayout | None = None, verify: bool = True,
-                       timeout_s: float | None = None,
-                       keys: Keyring | None = None) -> builtins.list[BlockHeader | BaseException]:
+                       timeout_s: float | None = None, keys: Keyring | None = None,
+                       stored_only: bool = False) -> builtins.list[BlockHeader | BaseException]:
         """Read many files, each into its ``out`` (concurrently where the backend can).
 
         Per item the header or the exception (KVFormatError with ``path`` set, OSError, or ValueError
-        for an unusable destination). Each ``out`` follows :meth:`read_into`'s rules.
+        for an unusable destination). Each ``out`` follows :meth:`read_into`'s rules. ``stored_only``
+        (maintenance without keys): sealed files are checked against their stored-data checksum only and
+        ``out`` receives their stored bytes (spec §12.6); never for serving.
         """
         self._live()
         rels = [r for r, _, _ in items]
@@ -164,7 +166,7 @@ class Store(abc.ABC):
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
             res[i] = self._one(rel, src, functools.partial(_read_payload, out=out, expect=expect, key=key,
-                                                           verify=verify, keys=keys))
+                                                           verify=verify, keys=keys, stored_only=stored_only))
         return res  # type: ignore[return-value]
 
     def read_header(self, relpath: str, *, verify: bool = True) -> BlockHeader:
@@ -304,6 +306,7 @@ class Store(abc.ABC):
 __all__ = ["Store", "StoreEntry", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]
 
 
-def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool, keys: Keyring | None) -> BlockHeader:
+def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool, keys: Keyring | None,
+                  stored_only: bool) -> BlockHeader:
     # One bound call per item (a lambda in the loop would see the loop's last item when called later).
-    return read_payload_from(src, out, expect=expect, key=key, verify=verify, keys=keys)
+    return read_payload_from(src, out, expect=expect, key=key, verify=verify, keys=keys, stored_only=stored_only)
