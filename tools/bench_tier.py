@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                         run_cell(a, medium, media[medium], shape, label, slot, layers, tpb, width, dtype, tp,
                                  row, nreq, payloads, src, buf, direct)
     if a.seal:
+        seal_steps(payloads_for_threads(a), a.repeats)
         seal_threads(payloads_for_threads(a))
     return 0
 
@@ -487,6 +488,43 @@ def payloads_for_threads(a: argparse.Namespace) -> tuple[bytes, Any]:
     L = K.CanonicalLayout.uniform("bench/seal", dtype, [f"model.layers.{i}.self_attn.attn" for i in range(layers)],
                                   tpb, width, seal="encrypt")
     return make_payload("seal-threads", L.payload_bytes), L
+
+
+def seal_steps(args: tuple[bytes, Any], repeats: int, n: int = 16) -> None:
+    """CPU seconds per GB of the format step alone, on this thread (``time.thread_time``: no harness polling, no
+    other thread): store = encode a chunk (checksums, and the seal), load = decode it into a buffer (copy,
+    checksums, and the tag / decryption). What sealing adds to a tier's CPU per GB is the difference."""
+    from kvformat.format._block import encode_block
+
+    payload, L = args
+    keys = K.Keyring.of([os.urandom(32)])
+    key = K.BlockKey("cd" * 8)
+    out, dst = memoryview(bytearray(len(payload))), bytearray(len(payload))
+    files = {}
+    for level in SEAL_LEVELS:
+        lay = L.with_seal(None if level == "clear" else level)
+        hdr, data, _ = encode_block(payload, lay, key, keys=keys, out=out)
+        files[level] = (lay, hdr + bytes(data))
+    res: dict[str, dict[str, list[float]]] = {lv: {"store": [], "load": []} for lv in SEAL_LEVELS}
+    gb = n * len(payload) / 1e9
+    for _ in range(repeats):
+        for level in SEAL_LEVELS:
+            lay, f = files[level]
+            t = time.thread_time()
+            for _ in range(n):
+                encode_block(payload, lay, key, keys=keys, out=out)
+            res[level]["store"].append((time.thread_time() - t) / gb)
+            t = time.thread_time()
+            for _ in range(n):
+                K.decode(f, out=dst, keys=keys)
+            res[level]["load"].append((time.thread_time() - t) / gb)
+    print(f"\n[seal step] CPU s/GB of the format step on one thread ({n} x {len(payload):,} B, median (min-max) of "
+          f"{repeats}); store = encode (xxh3 + seal), load = decode into a buffer (copy + xxh3 + tag/decrypt)")
+    for op in ("store", "load"):
+        c = res["clear"][op]
+        print(f"  {op:5} " + " | ".join(f"{lv} {med(res[lv][op])}" for lv in SEAL_LEVELS)
+              + " | added by the seal: " + ", ".join(f"{lv} {med([x - y for x, y in zip(res[lv][op], c)])}"
+                                                      for lv in SEAL_LEVELS[1:]), flush=True)
 
 
 def seal_threads(args: tuple[bytes, Any], n: int = 64) -> None:

@@ -18,14 +18,14 @@ esac
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0 numpy
-KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3]' build
+KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3,seal]' build
 pip install -q --no-deps "vllm==$VLLM_VERSION" xgrammar==0.2.8
 pip install -q -r requirements/vllm-cpu.txt -r requirements/lint.txt
 # The integration tests import these; fail the setup here rather than let them skip.
 python - "$VLLM_VERSION" <<'PY'
 import sys
 
-import kvformat, moto, s3fs, torch, vllm
+import cryptography, kvformat, moto, s3fs, torch, vllm
 import vllm.distributed.kv_transfer.kv_connector.v1.offloading.events  # the KV event tracker (0.34 contract tests)
 import vllm.v1.kv_offload.tiering.spec
 import kvformat.vllm
