@@ -236,7 +236,7 @@ def test_sealed_and_clear_never_share_a_namespace(tmp_path):
 
 
 # -- configuration ---------------------------------------------------------------------------------
-def test_seal_parameters_are_checked(tmp_path, monkeypatch):
+def test_seal_parameters_are_checked(tmp_path, monkeypatch, caplog):
     src, secret = new_key(tmp_path, "k")
     literal = secret.hex()
     bad = {
@@ -266,6 +266,11 @@ def test_seal_parameters_are_checked(tmp_path, monkeypatch):
                                          seal_read_keys=[src]))
     assert ring is not None and ring.ids == (K.Keyring.of([secret]).write_key.key_id,) * 2
     assert literal not in repr(ring) and literal not in repr(ring.write_key)
+    os.chmod(src, 0o644)  # readable by every user: loaded, with a warning naming the file (never the key)
+    with caplog.at_level(logging.WARNING, logger="kvformat.vllm"):
+        tier_keyring(TierConfig.parse(str(tmp_path), seal="encrypt", seal_key=src))
+    assert any("readable by every user" in r.getMessage() and src in r.getMessage() for r in caplog.records)
+    assert all(literal not in r.getMessage() for r in caplog.records)
     # the real tier refuses at start-up, naming the parameter
     with pytest.raises(SchemaError, match="seal_key"):
         Deployment([kvf(tmp_path / "r", seal="encrypt", seal_key=str(tmp_path / "nope.key"))], n_layers=N_LAYERS)

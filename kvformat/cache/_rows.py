@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import threading
 import time
@@ -266,7 +267,9 @@ class RowEngine:
         if bufs is None:
             bufs = self._scratch.bufs = []
         while len(bufs) <= i:  # 0, 1: gathers; 2: an encrypted store's ciphertext (made on first use)
-            bufs.append(memoryview(bytearray(self.payload_bytes)))
+            # The ciphertext buffer is page-aligned (an anonymous map) so o_direct stores can write it O_DIRECT.
+            bufs.append(memoryview(mmap.mmap(-1, self.payload_bytes)) if len(bufs) == 2
+                        else memoryview(bytearray(self.payload_bytes)))
         buf: memoryview = bufs[i]
         return buf
 

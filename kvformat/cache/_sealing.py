@@ -5,15 +5,20 @@ SGLang) calls these two; the row engine (``_rows``) does the rest."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import stat
 from typing import TypeVar
 
-from ..format._keys import load_key
+from ..format._keys import ENV_PREFIX, load_key
 from ..format._seal import Keyring
 from ..layout._types import RowPlan
 from ..errors import KeySourceError, SchemaError
 from ._config import TierConfig
 
 __all__ = ["sealed_plans", "tier_keyring"]
+
+logger = logging.getLogger("kvformat.vllm")
 
 _K = TypeVar("_K")
 
@@ -40,4 +45,21 @@ def tier_keyring(cfg: TierConfig) -> Keyring | None:
                 keys.append(load_key(src))
             except KeySourceError as e:
                 raise SchemaError(name, e.message) from None
-    return Keyring(tuple(keys))
+            _warn_if_world_readable(src)
+    ring = Keyring(tuple(keys))
+    # Key ids only: an operator can match them with `kvformat inspect`; the keys never reach a log.
+    logger.info("kvformat tier: sealing (%s) new files under key id %s; opening files of key ids %s", cfg.seal,
+                ring.write_key.key_id, ", ".join(ring.ids))
+    return ring
+
+
+def _warn_if_world_readable(src: str) -> None:
+    if src.startswith(ENV_PREFIX):
+        return
+    try:
+        mode = os.stat(src).st_mode
+    except OSError:
+        return
+    if mode & stat.S_IROTH:
+        logger.warning("kvformat tier: seal key file %s is readable by every user of this host; make it 0600 (or "
+                       "0640 for a group of services)", src)

@@ -40,6 +40,7 @@ class FileSource:
             raise
         self.o_direct = o_direct and bool(_O_DIRECT)
         self.direct_bytes = 0
+        self.header_region = b""  # set by read_header_from
 
     def pread(self, offset: int, n: int) -> bytearray:
         """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
@@ -104,6 +105,7 @@ class BytesSource:
         self._mv = as_bytes_view(buf)
         self.size = len(self._mv) if size is None else int(size)
         self.path = ""
+        self.header_region = b""  # set by read_header_from
 
     def pread(self, offset: int, n: int) -> memoryview:
         """Up to ``n`` held bytes at ``offset`` (no copy)."""
@@ -130,11 +132,11 @@ Source = FileSource | BytesSource
 
 
 def read_header_from(src: Source, verify: bool = True) -> BlockHeader:
-    """Read and check the header region of ``src`` (spec §11 steps 1-3, F-3.3). The one header reader."""
-    return _read_header_region(src, verify)[0]
+    """Read and check the header region of ``src`` (spec §11 steps 1-3, F-3.3). The one header reader.
 
-
-def _read_header_region(src: Source, verify: bool) -> tuple[BlockHeader, bytes]:
+    ``src.header_region`` keeps the bytes the header was parsed from: a sealed file's tag is checked over
+    exactly these (a second read could meet other bytes, written in place meanwhile, than the ones parsed).
+    """
     size = src.size
     first = bytes(src.pread(0, min(FIRST_READ, size)))
     end = header_length(first)
@@ -142,7 +144,8 @@ def _read_header_region(src: Source, verify: bool) -> tuple[BlockHeader, bytes]:
         if end > size:
             raise TruncatedError("header", end, size)  # F-3.3
         first += bytes(src.pread(len(first), end - len(first)))
-    return decode_header(first, file_bytes=size, verify=verify), first[:end]
+    src.header_region = first[:end]
+    return decode_header(first, file_bytes=size, verify=verify)
 
 
 def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
@@ -158,7 +161,8 @@ def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None =
     allows, its stored bytes (the ciphertext of ``encrypt``) against kvf.dxxh3, and those land in ``out``.
     """
     dst = as_bytes_view(out, writable=True)
-    hdr, region = _read_header_region(src, verify)
+    hdr = read_header_from(src, verify)
+    region = src.header_region
     check_expected(hdr, expect, key)
     sealed = hdr.seal is not None and not stored_only
     if sealed:
