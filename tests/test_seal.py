@@ -237,3 +237,33 @@ def test_key_sources(tmp_path, monkeypatch):
     assert kr.ids == (kid, K.SealKey(old).key_id) and kr.write_key.key_id == kid
     assert secret.hex() not in repr(kr) + repr(kr.write_key) + str(kr.keys)
     assert kr.get(K.SealKey(old).key_id).secret == old and kr.get("0" * 16) is None
+
+
+def test_tag_is_checked_over_the_header_bytes_that_were_parsed():
+    """A file whose header is rewritten in place between the header read and the tag check (a writer racing the
+    reader): the header parsed names another block (kvf.key edited, checksum recomputed), the bytes on storage are
+    then the genuine header again. Checking the tag over a second read of the header would accept the genuine
+    file under the new name; the reader checks it over the bytes it parsed."""
+    from kvformat.format._read import BytesSource, read_payload_from
+
+    keys, L = ring(), small("authenticate")
+    pay = os.urandom(L.payload_bytes)
+    hdr, data = K.encode(pay, L, K.BlockKey("11" * 8), keys=keys)
+    genuine = hdr + bytes(data)
+    edited = bytearray(genuine.replace(("11" * 8).encode(), ("22" * 8).encode()))
+    h = edited.index(b'"kvf.hxxh3":"') + 13
+    edited[h:h + 16] = b"0" * 16
+    edited[h:h + 16] = __import__("xxhash").xxh3_64_hexdigest(bytes(edited[:len(hdr)])).encode()
+
+    class Racing(BytesSource):
+        def pread(self, offset: int, n: int) -> memoryview:
+            got = super().pread(offset, n)
+            self._mv = memoryview(genuine)  # rewritten in place right after the reader's first look
+            return got
+
+    out = bytearray(len(pay))
+    with pytest.raises(TagMismatchError):
+        read_payload_from(Racing(bytes(edited)), out, key=K.BlockKey("22" * 8), keys=keys)
+    assert bytes(out) == bytes(len(out))
+    read_payload_from(BytesSource(genuine), out, key=K.BlockKey("11" * 8), keys=keys)  # the genuine file opens
+    assert bytes(out) == pay
