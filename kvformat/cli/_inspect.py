@@ -107,8 +107,6 @@ def render_file(d: dict[str, Any]) -> str:
                "unknown_key": "tag not checked: no key given has this id",
                "unchecked": "tag not checked (give --key to check it)"}[sealed["tag"]]
         lines.append(f"sealed      {sealed['level']}, key id {sealed['key_id']}: {tag}")
-    else:
-        lines.append("sealed      no (clear file)")
     if d["error"]:
         lines.append(f"error       {d['error']['reason']}: {shown(d['error']['message'])}")
     lines.append("")
