@@ -2,8 +2,8 @@
 
 from .format import (
     ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, BlockFile, BlockHeader, BlockKey,
-    CanonicalLayout, LayerSpec, Provenance, block_relpath, decode, encode, load_file, open_block, read_header,
-    read_into, save_file,
+    CanonicalLayout, Keyring, LayerSpec, Provenance, SealFields, SealKey, block_relpath, decode, encode, load_file,
+    load_keyring, open_block, read_header, read_into, save_file, verify_file,
 )
 from ._version import __version__
 from .errors import KVFormatError
@@ -13,4 +13,5 @@ __all__ = [
     "__version__", "FORMAT_VERSION", "ALIGNMENT", "MAX_HEADER_BYTES", "MAX_LAYERS", "MAX_PAYLOAD_BYTES",
     "CanonicalLayout", "LayerSpec", "BlockKey", "Provenance", "BlockHeader", "BlockFile", "KVFormatError",
     "save_file", "load_file", "read_header", "read_into", "open_block", "encode", "decode", "block_relpath",
+    "SealFields", "Keyring", "SealKey", "load_keyring", "verify_file",
 ]

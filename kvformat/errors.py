@@ -21,6 +21,10 @@ __all__ = [
     "LayoutMismatchError",
     "ChecksumError",
     "CodecError",
+    "SealError",
+    "TagMismatchError",
+    "UnknownKeyError",
+    "KeySourceError",
     "ReplicaMismatchError",
     "LegacyLayoutError",
     "UsageError",
@@ -135,6 +139,31 @@ class CodecError(KVFormatError, ValueError):
     """The compressed payload cannot be decoded, or decodes to the wrong size."""
 
 
+class SealError(KVFormatError, ValueError):
+    """A sealed file (spec §12) that cannot be authenticated. Messages never quote payload bytes or keys."""
+
+
+class TagMismatchError(SealError):
+    """The authentication tag of a sealed file does not verify under the key its ``kvf.key_id`` names:
+    the file was written without that key, or altered since (header, payload or tag)."""
+
+    def __init__(self, key_id: str, *, path: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(f"authentication tag does not verify under key {key_id}: the file was written without "
+                         "the key or altered since", path=path)
+
+
+class UnknownKeyError(SealError):
+    """A sealed file names a key id this reader holds no key for (another deployment's key, a retired key,
+    or no key given). Not a sign of damage: the tier serves it as a miss and leaves it in place."""
+
+    def __init__(self, key_id: str, held: tuple[str, ...] = (), *, path: str | None = None) -> None:
+        self.key_id = key_id
+        self.held = held
+        have = f"holds {', '.join(held)}" if held else "holds no key"
+        super().__init__(f"sealed under key {key_id}; this reader {have}", path=path)
+
+
 class ReplicaMismatchError(KVFormatError, ValueError):
     """Per-worker slots that must be byte-identical (replicated MLA latent) differ."""
 
@@ -156,6 +185,15 @@ class UsageError(KVFormatError, ValueError):
 
     The CLI exits with code 2 on it. Also a ``ValueError``, as a bad argument value is in Python.
     """
+
+
+class KeySourceError(UsageError):
+    """A seal key source (a key file or an environment variable) that cannot be used: unreadable, unset, or
+    not one 256-bit key. ``source`` names the file or variable, never its contents."""
+
+    def __init__(self, source: str, message: str) -> None:
+        self.source = source
+        super().__init__(f"seal key {source}: {message}")
 
 
 class StagingError(KVFormatError, ValueError):

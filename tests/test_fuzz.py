@@ -191,7 +191,8 @@ def test_seeds_are_valid():
     """The fuzzer starts from files the reader accepts (else every 'rejection' would be trivial)."""
     for s in SEEDS:
         out = bytearray(len(s.payload))
-        hdr, _ = K.decode(s.file, out=out, expect=s.layout, key=s.key)
+        hdr, _ = K.decode(s.file, out=out, expect=s.layout, key=s.key, keys=s.keys)
         assert bytes(out) == s.payload and hdr.codec == s.codec
+    assert {s.layout.seal for s in SEEDS} == {None, "authenticate", "encrypt"}  # sealed files are fuzzed too
     rng = random.Random(0)
     assert all(fuzz.MUTATORS[m](rng, SEEDS[1], SEEDS) != SEEDS[1].file for m in fuzz.ADV)

@@ -95,10 +95,13 @@ def test_zero_on_failure_same_on_every_backend_codec_and_flag(tmp_path: Path, s3
     mmaps = []
     zero_filled = 0
     for f in files:
-        exp = json.loads(f.with_suffix(".json").read_text()) if f.parent.name == "invalid" else {}
+        exp = json.loads(f.with_suffix(".json").read_text())
+        keys = K.Keyring.of(bytes.fromhex(k) for k in exp["keys"]) if exp.get("keys") else None  # sealed (§12)
+        if f.parent.name != "invalid":
+            exp = {}
         data = f.read_bytes()
         for verify in (True, False):
-            got = {"decode": _outcome(lambda o: decode(data, o, verify=verify))}
+            got = {"decode": _outcome(lambda o: decode(data, o, verify=verify, keys=keys))}
             for name, st in stores.items():
                 if name == "local-o_direct":  # O_DIRECT needs a page-aligned destination
                     mm = mmap.mmap(-1, OUT_BYTES)
@@ -107,12 +110,12 @@ def test_zero_on_failure_same_on_every_backend_codec_and_flag(tmp_path: Path, s3
                     def read(o: bytearray, st: Store = st, mm: mmap.mmap = mm) -> None:
                         mm[:] = o
                         try:
-                            st.read_into(f"v/{f.name}", memoryview(mm), verify=verify)
+                            st.read_into(f"v/{f.name}", memoryview(mm), verify=verify, keys=keys)
                         finally:
                             o[:] = mm[:]
                     got[name] = _outcome(read)
                 else:
-                    got[name] = _outcome(lambda o, st=st: st.read_into(f"v/{f.name}", o, verify=verify))
+                    got[name] = _outcome(lambda o, st=st: st.read_into(f"v/{f.name}", o, verify=verify, keys=keys))
             kinds = {k: v[0] for k, v in got.items()}
             assert len(set(kinds.values())) == 1, f"{f.name} verify={verify}: {kinds}"
             # decode() may refuse before copying (its input is in memory); the stores read into out first.

@@ -32,6 +32,11 @@ def _gen():
     return mod
 
 
+def _keys(exp):
+    """The reader's keyring a vector names (sealed files, spec §12); None when it names none."""
+    return K.Keyring.of(bytes.fromhex(k) for k in exp["keys"]) if exp.get("keys") else None
+
+
 def test_folders_are_populated():
     assert len(VALID) >= 6 and len(INVALID) >= 30
     for d, names in (("valid", VALID), ("invalid", INVALID)):
@@ -45,7 +50,8 @@ def test_valid_vector(name, tmp_path):
     exp = json.loads((VECTORS / "valid" / f"{name}.json").read_text())
     raw = path.read_bytes()
     assert xxhash.xxh3_64_hexdigest(raw) == exp["file_xxh3"]
-    hdr, payload = K.decode(raw)
+    keys = _keys(exp)
+    hdr, payload = K.decode(raw, keys=keys)
     assert hdr.to_dict() == exp["header"]
     assert dict(hdr.extra) == exp["extra"]
     assert K.block_relpath(hdr.layout, hdr.key) == exp["relpath"]
@@ -55,16 +61,21 @@ def test_valid_vector(name, tmp_path):
     # The file path agrees with the in-memory path.
     assert K.read_header(path) == hdr
     out = bytearray(hdr.raw_bytes)
-    assert K.read_into(path, out, expect=hdr.layout, key=hdr.key) == hdr
+    assert K.read_into(path, out, expect=hdr.layout, key=hdr.key, keys=keys) == hdr
     assert bytes(out) == bytes(payload)
-    tensors = K.load_file(path)
+    tensors = K.load_file(path, keys=keys)
     assert list(tensors) == [l.name for l in hdr.layout.layers]
     for l in hdr.layout.layers:
         t = tensors[l.name]
         assert tuple(t.shape) == (hdr.layout.blocks_per_chunk, *l.shape)
         assert xxhash.xxh3_64_hexdigest(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()) \
             == exp["layers_xxh3"][l.name]
-    if hdr.codec == "none":  # F-3: an uncompressed file is a safetensors file with one tensor per layer
+    if hdr.layout.seal == "encrypt":  # F-12.4: an encrypted file is a safetensors file with one U8 tensor
+        with safetensors.safe_open(str(path), "pt") as f:
+            assert list(f.keys()) == ["kvf.sealed"]
+            assert f.get_slice("kvf.sealed").get_dtype() == "U8"
+            assert f.get_slice("kvf.sealed").get_shape() == [hdr.raw_bytes]
+    elif hdr.codec == "none":  # F-3: an uncompressed file is a safetensors file with one tensor per layer
         with safetensors.safe_open(str(path), "pt") as f:
             assert sorted(f.keys()) == sorted(l.name for l in hdr.layout.layers)
             for l in hdr.layout.layers:
@@ -86,9 +97,10 @@ def test_invalid_vector(name, tmp_path):
     cls = getattr(errors, exp["error"])
     expect = K.CanonicalLayout.from_dict(exp["expect_layout"]) if "expect_layout" in exp else None
     key = K.BlockKey(**exp["expect_key"]) if "expect_key" in exp else None
+    keys = _keys(exp)
     raw = path.read_bytes()
     with pytest.raises(errors.KVFormatError) as ei:
-        K.decode(raw, expect=expect, key=key)
+        K.decode(raw, expect=expect, key=key, keys=keys)
     assert type(ei.value) is cls, f"{name}: expected {cls.__name__}, got {type(ei.value).__name__}: {ei.value}"
     for attr in ("field", "region"):
         # Every error that names its field or region has it pinned: a check that starts failing on another
@@ -101,12 +113,14 @@ def test_invalid_vector(name, tmp_path):
     # Same class through the file path; a checksum failure leaves the destination zero-filled (F-5.5).
     out = bytearray(b"\xaa" * (1 << 20))
     with pytest.raises(errors.KVFormatError) as ei2:
-        K.read_into(path, out, expect=expect, key=key)
+        K.read_into(path, out, expect=expect, key=key, keys=keys)
     assert type(ei2.value) is cls and ei2.value.path == str(path)
     assert re.search(exp["message"], ei2.value.message), f"{name} (file path): {ei2.value.message!r}"
     for attr in ("field", "region"):
         if attr in exp:
             assert getattr(ei2.value, attr) == exp[attr]
+    if exp.get("untouched"):  # F-12.5: refused before anything reaches the destination
+        assert bytes(out) == b"\xaa" * len(out)
     if exp.get("zero_filled"):
         # read_into gets the payload size from the header, so invalidation covers exactly that prefix.
         n = decode_header(raw, verify=False).raw_bytes

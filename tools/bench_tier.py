@@ -27,6 +27,11 @@ Timings:
 same 64-token logical block), so a cell of TP=8 compares 8-worker rows of every kind; kvformat assembles the
 stages / de-interleaves the DCP ranks' tokens into the one canonical file, the built-in tier writes the row.
 
+``--seal`` runs, instead of the comparison with the built-in tier, kvformat's clear files against its sealed
+ones (spec §12: ``authenticate``, ``encrypt``) in the same cells, interleaved: store and load GB/s and CPU
+seconds per GB (``getrusage`` of the whole process: every tier thread), and checks that two threads seal
+concurrently (the AEAD calls release the GIL).
+
 ``--peer c|python`` picks the built-in tier's path: ``c`` needs ``vllm.fs_io_C`` (a CUDA torch build, see
 ../shared/reference/vllm-fastpath.md); ``python`` forces its pure-Python fallback. Counters around
 ``batch_store_block_C`` / ``batch_load_block_C`` and the Python per-block functions show which one ran.
@@ -47,6 +52,7 @@ import ctypes
 import gc
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -60,6 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 from vllm_harness import _STEP, Deployment, fs_tier, kvformat_tier, make_keys, make_payload  # noqa: E402
+
+import kvformat as K  # noqa: E402
 
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 from vllm.v1.kv_offload.tiering.fs import io as fs_io  # noqa: E402
@@ -104,9 +112,16 @@ def disk_bytes(root: Path, suffix: str) -> tuple[int, int]:
     return n, used
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process so far (user + system, every thread)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list[bytes], root: Path,
           suffix: str) -> dict[str, float]:
-    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them; GB/s."""
+    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them; GB/s (and the CPU
+    seconds of each phase: ``store_cpu``, ``load_cpu``)."""
     keys = make_keys(chunks, salt)
     parts = [keys[i::requests] for i in range(requests)]
     mgr = dep.mgr
@@ -121,21 +136,21 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
                 dep._write_row(int(cid), payloads[keys.index(k) % len(payloads)])
             ctxs.append(ctx)
             outs.append(out)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     with mgr.lock:
         for ctx, out in zip(ctxs, outs):
             mgr.complete_store(list(out.keys_to_store), ctx)
             mgr.on_request_finished(ctx)
         mgr.on_schedule_end(_STEP)
     dep.flush(timeout=600)
-    t_store = time.perf_counter() - t0
+    t_store, c_store = time.perf_counter() - t0, cpu_s() - c0
     dep.evict_primary()
     with mgr.lock:
         ctxs = [dep._ctx() for _ in parts]
         for ctx in ctxs:
             mgr.on_new_request(ctx)
     pending = [set(p) for p in parts]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     while any(pending):
         with mgr.lock:
             for ctx, pend in zip(ctxs, pending):
@@ -148,7 +163,7 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
             mgr.on_schedule_end(_STEP)
         if any(pending):
             time.sleep(0.0005)
-    t_load = time.perf_counter() - t0
+    t_load, c_load = time.perf_counter() - t0, cpu_s() - c0
     with mgr.lock:
         for ctx, part in zip(ctxs, parts):
             spec = mgr.prepare_load(part, ctx)
@@ -159,7 +174,7 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
         mgr.on_schedule_end(_STEP)
     dep.evict_primary()
     logical = chunks * getattr(dep, "logical_bytes", dep.slot_bytes)
-    return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9}
+    return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9, "store_cpu": c_store, "load_cpu": c_load}
 
 
 def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.ndarray],
@@ -255,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", default="c" if fs_io._HAS_FSIO_C else "python", choices=["c", "python"])
     ap.add_argument("--kvf-o-direct", default="off", choices=["off", "auto", "on"])
     ap.add_argument("--kvf-fsync", action="store_true")
+    ap.add_argument("--seal", action="store_true",
+                    help="kvformat clear vs sealed (authenticate, encrypt) files instead of kvformat vs the built-in "
+                         "tier: GB/s and CPU s/GB of store and load, and two threads sealing vs one")
     ap.add_argument("--kvf-fallback", action="store_true",
                     help="also run kvformat with its pure-Python fallbacks (python-xxhash, os.preadv/pwritev) "
                          "as a third contender 'kvpy', interleaved: what the C extension buys")
@@ -280,11 +298,20 @@ def main(argv: list[str] | None = None) -> int:
             src[:] = np.frombuffer(payloads[0], dtype=np.uint8)
             buf = [np.frombuffer(mmap.mmap(-1, slot), dtype=np.uint8) for _ in range(a.threads)]
             direct = bool(fs_io.probe_o_direct(media[medium]))
+            if a.seal:
+                for tp in (int(x) for x in a.tp.split(",")):
+                    for nreq in (int(x) for x in a.requests.split(",")):
+                        run_seal_cell(a, medium, media[medium], label, slot, layers, tpb, width, dtype, tp, nreq,
+                                      payloads)
+                continue
             for tp in (int(x) for x in a.tp.split(",")):
                 for row in a.rows.split(","):
                     for nreq in (int(x) for x in a.requests.split(",")):
                         run_cell(a, medium, media[medium], shape, label, slot, layers, tpb, width, dtype, tp,
                                  row, nreq, payloads, src, buf, direct)
+    if a.seal:
+        seal_steps(payloads_for_threads(a), a.repeats)
+        seal_threads(payloads_for_threads(a))
     return 0
 
 
@@ -398,6 +425,137 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
             p = res["kvpy"][op]
             print(f"  {op:5} kvformat pure-Python fallback {med(p)} | kvf/fs {med([x / y for x, y in zip(p, f[op])])}"
                   f" | native/fallback {med([x / y for x, y in zip(k[op], p)])}", flush=True)
+
+
+# -- --seal: clear vs sealed kvformat files (issue 24) -----------------------------------------------------------
+SEAL_LEVELS = ("clear", "authenticate", "encrypt")
+
+
+def run_seal_cell(a: argparse.Namespace, medium: str, mdir: str, label: str, slot: int, layers: int, tpb: int,
+                  width: int, dtype: str, tp: int, nreq: int, payloads: list[bytes]) -> None:
+    """kvformat tiers storing clear, authenticated and encrypted files of the same chunks, interleaved repeats."""
+    keydir = Path(tempfile.mkdtemp(prefix="bench_seal_keys_"))
+    keyfile = keydir / "seal.key"
+    keyfile.write_text(os.urandom(32).hex())
+    keyfile.chmod(0o600)
+    deps: dict[str, Any] = {}
+    roots: dict[str, Path] = {}
+    res: dict[str, dict[str, list[float]]] = {n: {k: [] for k in ("store", "load", "store_cpu", "load_cpu")}
+                                              for n in SEAL_LEVELS}
+    try:
+        for name in SEAL_LEVELS:
+            roots[name] = Path(tempfile.mkdtemp(prefix=f"bench_seal_{name}_", dir=mdir))
+            seal = {} if name == "clear" else {"seal": name, "seal_key": str(keyfile)}
+            tier = kvformat_tier(str(roots[name]), read_threads=a.threads, write_threads=a.threads,
+                                 verify=a.verify == "true", o_direct=a.kvf_o_direct, fsync=a.kvf_fsync, **seal)
+            deps[name] = Deployment([tier], tp=tp, replicated=True, blocks_per_chunk=1, n_layers=layers,
+                                    tokens_per_block=tpb, width=width, dtype=dtype, model=MODEL,
+                                    num_chunks=a.chunks + 2)
+            deps[name].tier().wait_scanned(30)
+        for rep in range(a.repeats):
+            for name in SEAL_LEVELS:
+                os.sync()
+                r = cycle(deps[name], f"seal{name}{rep}{tp}{nreq}", a.chunks, nreq, payloads, roots[name], ".kvf")
+                gb = a.chunks * slot / 1e9
+                for k in ("store", "load"):
+                    res[name][k].append(r[k])
+                    res[name][f"{k}_cpu"].append(r[f"{k}_cpu"] / gb)
+                gc.collect()
+        for name in SEAL_LEVELS[1:]:  # the files really are sealed
+            hdr = K.read_header(next(roots[name].rglob("*.kvf")))
+            assert hdr.layout.seal == name and hdr.seal is not None
+    finally:
+        for d in deps.values():
+            d.close()
+        for r in roots.values():
+            shutil.rmtree(r, ignore_errors=True)
+        shutil.rmtree(keydir, ignore_errors=True)
+    print(f"\n[{medium} {label} ({slot:,} B) TP={tp} replicated requests={nreq}] kvformat clear vs sealed files, "
+          f"{a.chunks} chunks per run, median (min-max) of {a.repeats} interleaved repeats")
+    c = res["clear"]
+    for op in ("store", "load"):
+        for name in SEAL_LEVELS:
+            r = res[name]
+            ratio = [x / y for x, y in zip(r[op], c[op])]
+            cpu_ratio = [x / y for x, y in zip(r[f"{op}_cpu"], c[f"{op}_cpu"])]
+            print(f"  {op:5} {name:12} GB/s {med(r[op])} | CPU s/GB {med(r[f'{op}_cpu'])}"
+                  + ("" if name == "clear" else f" | vs clear: GB/s x{med(ratio)}, CPU x{med(cpu_ratio)}"),
+                  flush=True)
+
+
+def payloads_for_threads(a: argparse.Namespace) -> tuple[bytes, Any]:
+    layers, tpb, width, dtype, _ = SHAPES[a.shapes.split(",")[0]]
+    L = K.CanonicalLayout.uniform("bench/seal", dtype, [f"model.layers.{i}.self_attn.attn" for i in range(layers)],
+                                  tpb, width, seal="encrypt")
+    return make_payload("seal-threads", L.payload_bytes), L
+
+
+def seal_steps(args: tuple[bytes, Any], repeats: int, n: int = 16) -> None:
+    """CPU seconds per GB of the format step alone, on this thread (``time.thread_time``: no harness polling, no
+    other thread): store = encode a chunk (checksums, and the seal), load = decode it into a buffer (copy,
+    checksums, and the tag / decryption). What sealing adds to a tier's CPU per GB is the difference."""
+    from kvformat.format._block import encode_block
+
+    payload, L = args
+    keys = K.Keyring.of([os.urandom(32)])
+    key = K.BlockKey("cd" * 8)
+    out, dst = memoryview(bytearray(len(payload))), bytearray(len(payload))
+    files = {}
+    for level in SEAL_LEVELS:
+        lay = L.with_seal(None if level == "clear" else level)
+        hdr, data, _ = encode_block(payload, lay, key, keys=keys, out=out)
+        files[level] = (lay, hdr + bytes(data))
+    res: dict[str, dict[str, list[float]]] = {lv: {"store": [], "load": []} for lv in SEAL_LEVELS}
+    gb = n * len(payload) / 1e9
+    for _ in range(repeats):
+        for level in SEAL_LEVELS:
+            lay, f = files[level]
+            t = time.thread_time()
+            for _ in range(n):
+                encode_block(payload, lay, key, keys=keys, out=out)
+            res[level]["store"].append((time.thread_time() - t) / gb)
+            t = time.thread_time()
+            for _ in range(n):
+                K.decode(f, out=dst, keys=keys)
+            res[level]["load"].append((time.thread_time() - t) / gb)
+    print(f"\n[seal step] CPU s/GB of the format step on one thread ({n} x {len(payload):,} B, median (min-max) of "
+          f"{repeats}); store = encode (xxh3 + seal), load = decode into a buffer (copy + xxh3 + tag/decrypt)")
+    for op in ("store", "load"):
+        c = res["clear"][op]
+        print(f"  {op:5} " + " | ".join(f"{lv} {med(res[lv][op])}" for lv in SEAL_LEVELS)
+              + " | added by the seal: " + ", ".join(f"{lv} {med([x - y for x, y in zip(res[lv][op], c)])}"
+                                                      for lv in SEAL_LEVELS[1:]), flush=True)
+
+
+def seal_threads(args: tuple[bytes, Any], n: int = 64) -> None:
+    """Seal (``encrypt``) ``n`` payloads in one thread, then split over two threads: with the GIL released by
+    the AEAD calls, two threads finish in about half the wall time on two free cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvformat.format._block import encode_block
+
+    payload, L = args
+    keys = K.Keyring.of([os.urandom(32)])
+    outs = [memoryview(bytearray(len(payload))) for _ in range(2)]
+
+    def work(i: int, count: int) -> None:
+        for _ in range(count):
+            encode_block(payload, L, K.BlockKey("ab" * 8), keys=keys, out=outs[i])
+
+    rows = []
+    for rep in range(5):
+        for threads in (1, 2):
+            t0, c0 = time.perf_counter(), cpu_s()
+            with ThreadPoolExecutor(threads) as ex:
+                list(ex.map(work, range(threads), [n // threads] * threads))
+            dt, dc = time.perf_counter() - t0, cpu_s() - c0
+            rows.append((threads, n * len(payload) / dt / 1e9, dc / dt))
+    one = [g for t, g, _ in rows if t == 1]
+    two = [g for t, g, _ in rows if t == 2]
+    print(f"\n[seal threads] encrypt {n} x {len(payload):,} B: 1 thread {med(one)} GB/s, 2 threads {med(two)} GB/s "
+          f"(x{med([y / x for x, y in zip(one, two)])}); CPU busy per wall second with 2 threads "
+          f"{med([c for t, _, c in rows if t == 2])} (2.0 = both cores sealing at once: the GIL is released)",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ class Seed:
     payload: bytes
     file: bytes
     codec: str
+    keys: Any = None  # sealed seeds (spec §12): the keyring every reader is given
 
     @property
     def hdr_end(self) -> int:
@@ -101,14 +102,20 @@ def make_seeds(seed: int = 0) -> list[Seed]:
         ("fp8", K.CanonicalLayout.uniform("org/fp8", "fp8_ds_mla", ["l0"], 4, 656)),
         # 300 layers: the header spans more than the first 8 KiB read (FIRST_READ)
         ("wide", K.CanonicalLayout.uniform("org/wide", "bfloat16", [f"layer.{i}" for i in range(300)], 1, 2)),
+        # sealed (spec §12): the tag and, for encrypt, the in-place decryption are on every reader's path
+        ("auth", K.CanonicalLayout.uniform("org/sealed", "bfloat16", ["a", "b"], 8, 36, seal="authenticate")),
+        ("enc", K.CanonicalLayout.uniform("org/sealed", "bfloat16", ["a", "b"], 8, 44, seal="encrypt")),
     ]
+    keys = K.Keyring.of([rng.randbytes(32)])
     seeds = []
     for name, lay in specs:
-        for codec in ("none", "zstd"):
+        for codec in ("none",) if lay.seal else ("none", "zstd"):
             key = K.BlockKey(rng.randbytes(32).hex())
             pay = _payload(rng, lay.payload_bytes, codec == "zstd")
-            hdr, data = K.encode(pay, lay, key, codec=codec, provenance=K.Provenance(writer="fuzz", created=1))
-            seeds.append(Seed(f"{name}.{codec}", lay, key, pay, bytes(hdr) + bytes(data), codec))
+            ring = keys if lay.seal else None
+            hdr, data = K.encode(pay, lay, key, codec=codec, provenance=K.Provenance(writer="fuzz", created=1),
+                                 keys=ring)
+            seeds.append(Seed(f"{name}.{codec}", lay, key, pay, bytes(hdr) + bytes(data), codec, ring))
     sizes = [s.layout.payload_bytes for s in seeds if s.codec == "none"]
     assert len(set(sizes)) == len(sizes), sizes
     return seeds
@@ -374,7 +381,7 @@ def a_swap(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
         return s.file[:s.hdr_end] + o.file[o.hdr_end:]
     if kind == 1:  # same layout, another block's payload (and size): only the data checksum can tell
         other = _payload(rng, len(s.payload), s.codec == "zstd")
-        hdr, data = K.encode(other, s.layout, s.key, codec=s.codec)
+        hdr, data = K.encode(other, s.layout, s.key, codec=s.codec, keys=s.keys)
         return s.file[:s.hdr_end] + bytes(data)
     sd, sdata = parse(s)
     od, odata = parse(o)
@@ -536,6 +543,7 @@ def check_case(data: bytes, seed: Seed, path: str, dst: bytearray, *, expect: bo
     """
     reasons = []
     kw: dict[str, Any] = {"expect": seed.layout, "key": seed.key} if expect else {}
+    kw["keys"] = seed.keys
     readers = ["decode", "read_into", "read_header"] + [f"store:{name}" for name, _, _ in stores]
     by_name = {f"store:{name}": (st, rel) for name, st, rel in stores}
     for where in readers:

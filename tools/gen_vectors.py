@@ -13,6 +13,7 @@ Usage: python tools/gen_vectors.py [OUTDIR]   (default: spec/vectors)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -32,6 +33,11 @@ from kvformat.format._consts import ALIGNMENT, HEX64_LEN, HEX64_ZERO  # noqa: E4
 CREATED = 1767225600  # 2026-01-01T00:00:00Z
 WRITER = "kvformat-vectors"
 HXXH3_KEY = b'"kvf.hxxh3":"'
+# §12: the published test keys of the sealed vectors (never use them for anything else) and fixed nonces, so
+# the sealed vectors are as reproducible as the others.
+SEAL_KEY = hashlib.sha256(b"kvformat vectors: seal key A").hexdigest()
+OTHER_KEY = hashlib.sha256(b"kvformat vectors: seal key B").hexdigest()
+NONCES = [hashlib.sha256(f"kvformat vectors: nonce {i}".encode()).hexdigest()[:48] for i in range(4)]
 
 
 def _prov(**kw: Any) -> K.Provenance:
@@ -49,6 +55,18 @@ def _names(n: int, prefix: str = "model.layers") -> list[str]:
 def file_bytes(payload: bytes, layout: K.CanonicalLayout, key: K.BlockKey, prov: K.Provenance, codec: str = "none",
                level: int = 3) -> bytes:
     hdr, data = K.encode(payload, layout, key, provenance=prov, codec=codec, level=level)
+    return hdr + bytes(data)
+
+
+def keyring(*hex_keys: str) -> K.Keyring:
+    return K.Keyring.of(bytes.fromhex(k) for k in hex_keys)
+
+
+def sealed_bytes(payload: bytes, layout: K.CanonicalLayout, key: K.BlockKey, prov: K.Provenance, nonce: str) -> bytes:
+    """A sealed file under SEAL_KEY with a fixed nonce (a real writer draws it at random: W-12.1)."""
+    from kvformat.format._block import encode_block
+
+    hdr, data, _ = encode_block(payload, layout, key, provenance=prov, keys=keyring(SEAL_KEY), nonce=nonce)
     return hdr + bytes(data)
 
 
@@ -171,8 +189,16 @@ def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
     # §4.4: written by a PP=2 x DCP=2 x TP=4 deployment: its partition and interleave are provenance only.
     add("pp2-dcp2-provenance", K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 8, 64),
         K.BlockKey("a9" * 16), _prov(tp=4, pp=2, dcp=2, row="per_worker", pp_layers=(1, 1), cp_interleave=8), 9)
-    # §7: a newer minor with keys this reader does not know: accepted, keys kept in BlockHeader.extra.
+    # §12 (1.2): sealed files, one per level (the readers get SEAL_KEY), and an encrypted DSA chunk (roles too).
     f, L, key, pay = base()
+    for i, level in enumerate(("authenticate", "encrypt")):
+        out[f"sealed-{level}"] = (sealed_bytes(pay, L.with_seal(level), key, _prov(tp=2, row="replicated"), NONCES[i]),
+                                  pay, L.with_seal(level))
+    Ld = dsa_layout().with_seal("encrypt")
+    dpay = _payload(Ld.payload_bytes, 10)
+    out["sealed-encrypt-dsa-roles"] = (sealed_bytes(dpay, Ld, K.BlockKey("aa" * 16), _prov(tp=8, row="replicated"),
+                                                    NONCES[2]), dpay, Ld)
+    # §7: a newer minor with keys this reader does not know: accepted, keys kept in BlockHeader.extra.
     doc, data = split(f)
     meta = doc["__metadata__"]
     meta["kvformat"] = "1.9"
@@ -249,6 +275,25 @@ PINS: dict[str, dict[str, str]] = {
     "zstd-raw-mismatch": {"message": r"^raw checksum mismatch: header says [0-9a-f]{16}, bytes hash to [0-9a-f]{16}$"},
     "zstd-truncated-frame": {"message": r"^zstd frame decoded to 0 bytes, expected 512$"},
     "zstd-wrong-size": {"message": r"^zstd frame declares 513 decoded bytes, the layout needs 512$"},
+    "sealed-unknown-level": {"message": r"^kvf\.seal: expected one of \('authenticate', 'encrypt'\), got 'obfuscate'$"},
+    "sealed-fields-without-seal": {"message": r"^kvf\.key_id: seal fields without kvf\.seal$"},
+    "sealed-compressed": {"message": r"^kvf\.codec: a sealed file is not compressed$"},
+    "sealed-truncated-tag": {"message": r"^kvf\.tag: expected 32 lowercase hex digits, got '[0-9a-f]{24}'$"},
+    "sealed-short-nonce": {"message": r"^kvf\.nonce: expected 48 lowercase hex digits, got '[0-9a-f]{32}'$"},
+    "sealed-member-order": {"message": r"^a sealed header must continue kvf\.hxxh3 with kvf\.codec, kvf\.dxxh3, kvf\.tag "
+                                       r"and kvf\.seal, in this order$"},
+    "sealed-encrypt-layer-tensors": {"message": r"^tensors: an encrypted file holds exactly one U8 tensor named "
+                                                r"kvf\.sealed$"},
+    "sealed-wrong-key": {"message": r"^sealed under key [0-9a-f]{16}; this reader holds [0-9a-f]{16}$"},
+    "sealed-authenticate-no-key": {"message": r"^sealed under key [0-9a-f]{16}; this reader holds no key$"},
+    "sealed-planted-payload": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}: the file was "
+                                          r"written without the key or altered since$"},
+    "sealed-swapped-payload": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}"},
+    "sealed-replayed-key-edited": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}"},
+    "sealed-replayed-new-name": {"message": r"^layout mismatch on key: expected 'b{32}:0', found '0123456789ab"},
+    "sealed-level-relabelled": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}"},
+    "sealed-tag-digit-changed": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}"},
+    "sealed-clear-file-expected-sealed": {"message": r"^layout mismatch on seal: expected 'encrypt', found None$"},
     "zstd-wrong-tensor": {"field": "tensors",
                           "message": r"^tensors: a compressed file holds exactly one U8 tensor named kvf\.zstd$"},
 }
@@ -450,7 +495,79 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
     add("dsa-role-mismatch", df, "LayoutMismatchError", "F-9.1",
         "valid DSA file; the reader expects its indexer layer to be an MLA latent", field="layers[1].role",
         expect_layout=wrong_role.to_dict())
+    _sealed_invalid(add, f, L, key)
     return v
+
+
+def _sealed_invalid(add: Callable[..., None], f: bytes, L: K.CanonicalLayout, key: K.BlockKey) -> None:
+    """§12: invalid sealed files, each read with SEAL_KEY unless it says otherwise ("keys")."""
+    pay = split(f)[1]
+    prov = _prov(tp=2, row="replicated")
+    La, Le = L.with_seal("authenticate"), L.with_seal("encrypt")
+    sa = sealed_bytes(pay, La, key, prov, NONCES[0])
+    se = sealed_bytes(pay, Le, key, prov, NONCES[1])
+    mine = {"keys": [SEAL_KEY]}
+    add("sealed-unknown-level", with_meta(sa, kvf__seal="obfuscate"), "SchemaError", "F-12.1", "kvf.seal is no level",
+        field="kvf.seal", **mine)
+    add("sealed-fields-without-seal", with_meta(sa, kvf__seal=None), "SchemaError", "F-12.1",
+        "kvf.seal removed, the key id, nonce and tag left: a sealed file must not pass as a clear one",
+        field="kvf.key_id", **mine)
+    add("sealed-compressed", with_meta(sa, kvf__codec="zstd"), "SchemaError", "F-12.1", "a sealed file claims zstd",
+        field="kvf.codec", **mine)
+    meta = split(sa)[0]["__metadata__"]
+    add("sealed-truncated-tag", with_meta(sa, kvf__tag=meta["kvf.tag"][:24]), "SchemaError", "F-12.2",
+        "kvf.tag cut to 96 bits (a truncated tag is never compared on its prefix)", field="kvf.tag", **mine)
+    add("sealed-short-nonce", with_meta(sa, kvf__nonce=meta["kvf.nonce"][:32]), "SchemaError", "F-12.2",
+        "kvf.nonce of 128 bits", field="kvf.nonce", **mine)
+    doc, data = split(sa)
+    m = doc["__metadata__"]
+    order = ["kvformat", "kvf.hxxh3", "kvf.codec", "kvf.dxxh3", "kvf.seal", "kvf.tag"]
+    doc["__metadata__"] = {**{k: m[k] for k in order}, **{k: x for k, x in m.items() if k not in order}}
+    add("sealed-member-order", forge(doc, data), "HeaderError", "F-12.3",
+        "kvf.seal before kvf.tag: the digits the tag cannot cover are not where §12.2 puts them", **mine)
+    doc, data = split(se)
+    table = {k: x for k, x in split(f)[0].items() if k != "__metadata__"}
+    add("sealed-encrypt-layer-tensors", forge({"__metadata__": doc["__metadata__"], **table}, data), "SchemaError",
+        "F-12.4", "an encrypted file with one tensor per layer instead of kvf.sealed", field="tensors", **mine)
+    add("sealed-wrong-key", se, "UnknownKeyError", "F-12.5", "valid encrypted file; the reader holds another key only",
+        keys=[OTHER_KEY], untouched=True)
+    add("sealed-authenticate-no-key", sa, "UnknownKeyError", "F-12.5",
+        "valid authenticated file (payload in clear); the reader holds no key: nothing is delivered",
+        keys=[], untouched=True)
+    other = bytes(b ^ 0x5A for b in pay)
+    planted = with_meta(sa[:len(sa) - len(pay)] + other, kvf__dxxh3=xxhash.xxh3_64_hexdigest(other))
+    add("sealed-planted-payload", planted, "TagMismatchError", "F-12.6",
+        "a writer without the key put other bytes under a valid header, xxh3 checksums recomputed",
+        zero_filled=True, **mine)
+    se2 = sealed_bytes(other, Le, key, prov, NONCES[3])
+    swapped = with_meta(se[:len(se) - len(pay)] + se2[len(se2) - len(pay):],
+                        kvf__dxxh3=xxhash.xxh3_64_hexdigest(se2[len(se2) - len(pay):]))
+    add("sealed-swapped-payload", swapped, "TagMismatchError", "F-12.6",
+        "the ciphertext of another file sealed under the same key, checksums recomputed", zero_filled=True, **mine)
+    new = K.BlockKey("bb" * 16)
+    add("sealed-replayed-new-name", se, "LayoutMismatchError", "F-9.2",
+        "a valid sealed file copied under another block's name: its authenticated kvf.key says which block it is",
+        field="key", expect_key={"hash": new.hash, "group": 0}, **mine)
+    add("sealed-replayed-key-edited", with_meta(se, kvf__key=new.hash), "TagMismatchError", "F-12.6",
+        "the same copy with kvf.key edited to the new name (checksum recomputed): the tag covers the header",
+        expect_key={"hash": new.hash, "group": 0}, zero_filled=True, **mine)
+    doc, data = split(sa)
+    m = doc["__metadata__"]
+    m["kvf.seal"] = "encrypt"
+    m["kvformat"] = "1.2"
+    items = list(m.items())
+    items.insert(8, ("kvf.layers", L._layers_json))
+    relabel = {"__metadata__": dict(items),
+               "kvf.sealed": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}
+    add("sealed-level-relabelled", forge(relabel, data), "TagMismatchError", "F-12.6",
+        "an authenticated file relabelled as encrypted (tensor table and kvf.layers rewritten): the level is bound "
+        "into the file key", zero_filled=True, **mine)
+    t = meta["kvf.tag"]
+    add("sealed-tag-digit-changed", with_meta(sa, kvf__tag=t[:-1] + ("0" if t[-1] != "0" else "1")), "TagMismatchError",
+        "F-12.6", "the last tag digit changed, the header checksum recomputed", zero_filled=True, **mine)
+    add("sealed-clear-file-expected-sealed", f, "LayoutMismatchError", "F-12.7",
+        "a valid clear file where the reader expects an encrypted one (sealed and clear never mix)", field="seal",
+        expect_layout=Le.to_dict(), **mine)
 
 
 def layer_xxh3(payload: bytes, L: K.CanonicalLayout) -> dict[str, str]:
@@ -469,9 +586,12 @@ def generate(outdir: str) -> list[str]:
     for sub in ("valid", "invalid"):
         os.makedirs(os.path.join(outdir, sub), exist_ok=True)
     for name, (fb, pay, L) in valid_vectors().items():
-        hdr, _ = K.decode(fb)
+        keys = [SEAL_KEY] if L.seal else []
+        hdr, _ = K.decode(fb, keys=keyring(*keys) if keys else None)
         exp = {"header": hdr.to_dict(), "extra": dict(hdr.extra), "file_xxh3": xxhash.xxh3_64_hexdigest(fb),
                "relpath": K.block_relpath(hdr.layout, hdr.key), "layers_xxh3": layer_xxh3(pay, L)}
+        if keys:
+            exp["keys"] = keys
         _write(os.path.join(outdir, "valid", name + ".kvf"), fb)
         _write(os.path.join(outdir, "valid", name + ".json"), (json.dumps(exp, indent=1) + "\n").encode())
         written += [f"valid/{name}.kvf", f"valid/{name}.json"]

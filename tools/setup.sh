@@ -18,7 +18,7 @@ esac
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0 numpy
-KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3]' build
+KVFORMAT_REQUIRE_NATIVE=1 pip install -q -e '.[test,s3,seal]' build
 pip install -q --no-deps "vllm==$VLLM_VERSION" xgrammar==0.2.8
 pip install -q -r requirements/vllm-cpu.txt -r requirements/lint.txt
 case "$VLLM_VERSION" in
@@ -30,7 +30,7 @@ esac
 python - "$VLLM_VERSION" <<'PY'
 import sys
 
-import kvformat, moto, s3fs, torch, vllm
+import cryptography, kvformat, moto, s3fs, torch, vllm
 if sys.argv[1].startswith("0.34"):
     import triton  # the token-movement tests' oracle (tests/vllm_writers.py)
 import vllm.distributed.kv_transfer.kv_connector.v1.offloading.events  # the KV event tracker (0.34 contract tests)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..format._files import is_regular_file, iter_files, read_small_file
 from ..format._read import FileSource, read_header_from, read_payload_from
+from ..format._seal import Keyring
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ..format._placement import placement_error
 from ._scan_stats import NamespaceStats, ProgressSink, ScanResult, os_error_text, totals
@@ -71,9 +72,10 @@ def not_a_root(path: str, verb: str) -> str:
     return msg
 
 
-def check_block_file(path: str, relpath: str | None, *, verify: bool) -> BlockHeader:
+def check_block_file(path: str, relpath: str | None, *, verify: bool, keys: Keyring | None = None) -> BlockHeader:
     """What a load of the file at ``path`` would find: its header, checked against its place (``relpath``
-    inside a root, None: not checked) and, with ``verify``, its payload.
+    inside a root, None: not checked) and, with ``verify``, its payload. A sealed file is authenticated with
+    ``keys``; without them its stored bytes are checked as far as no key allows.
 
     Header and payload come through one descriptor, so a KVFormatError names the one file read
     (``file_id``): ``verify --quarantine`` then moves that file and never one that replaced it since.
@@ -85,17 +87,17 @@ def check_block_file(path: str, relpath: str | None, *, verify: bool) -> BlockHe
             if err is not None:
                 raise err
             if verify:
-                read_payload_from(src, bytearray(hdr.raw_bytes), verify=True)
+                read_payload_from(src, bytearray(hdr.raw_bytes), verify=True, keys=keys, stored_only=keys is None)
     except KVFormatError as e:
         raise e.with_path(path) from None
     return hdr
 
 
-def _check_entry(root: str, e: StoreEntry, verify: bool
+def _check_entry(root: str, e: StoreEntry, verify: bool, keys: Keyring | None = None,
                  ) -> tuple[StoreEntry, BlockHeader | None, KVFormatError | OSError | None]:
     """What a load of the file would find: its header (and payload), checked against its path."""
     try:
-        return e, check_block_file(os.path.join(root, e.relpath), e.relpath, verify=verify), None
+        return e, check_block_file(os.path.join(root, e.relpath), e.relpath, verify=verify, keys=keys), None
     except KVFormatError as err:
         return e, None, err
     except FileNotFoundError:  # removed since listing (gc, a tier quarantining it)
@@ -105,7 +107,7 @@ def _check_entry(root: str, e: StoreEntry, verify: bool
 
 
 def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 4,
-              progress: ProgressSink | None = None) -> ScanResult:
+              progress: ProgressSink | None = None, keys: Keyring | None = None) -> ScanResult:
     """Read every block file's header under a kvformat root (and every payload with ``verify``).
 
     ``root`` is the store root; ``prefix`` a namespace to scan alone. Only files at a block path
@@ -113,6 +115,7 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
     load checks it (header, key and namespace against its path; checksums); other ``.kvf`` files
     are listed in ``ignored``, as is a namespace.json that is a symlink or not a regular file.
     ``progress`` is told the number of files once listed, then each file's size once it is checked.
+    ``keys``: sealed files are authenticated with them (spec §12); without, they are checked keylessly.
 
     Header checks are CPU-bound Python (GIL), so the header-only scan runs in one thread; data
     verification reads and hashes in threads (I/O and xxh3 release the GIL).
@@ -139,9 +142,9 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
     ex = None
     if verify and jobs > 1 and len(entries) > 16:
         ex = ThreadPoolExecutor(max_workers=jobs)
-        results = ex.map(lambda e: _check_entry(root, e, verify), entries)
+        results = ex.map(lambda e: _check_entry(root, e, verify, keys), entries)
     else:
-        results = (_check_entry(root, e, verify) for e in entries)
+        results = (_check_entry(root, e, verify, keys) for e in entries)
     try:
         for e, hdr, err in results:
             ns = e.relpath.split("/", 1)[0]
@@ -163,11 +166,7 @@ def scan_root(root: str, prefix: str = "", *, verify: bool = False, jobs: int = 
                 res.bad.append((e.relpath, err))
                 continue
             assert hdr is not None
-            if acc.layout is None:
-                acc.layout = hdr.layout
-            acc.tps[hdr.provenance.tp] += 1
-            acc.raw += hdr.raw_bytes
-            acc.data += hdr.data_bytes
+            acc.add_header(hdr)
     finally:
         if ex is not None:
             ex.shutdown()

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..format._spec import CanonicalLayout
+from ..format._spec import BlockHeader, CanonicalLayout
 from ..errors import KVFormatError
 from ..legacy._rows import Ignored
 
@@ -31,6 +31,7 @@ class NamespaceStats:
     raw: int = 0
     data: int = 0
     tps: Counter[int] = field(default_factory=Counter)
+    key_ids: Counter[str] = field(default_factory=Counter)  # sealed files per key id (spec §12): no key needed
     corrupt: int = 0
     oldest: float | None = None
     newest: float | None = None
@@ -50,8 +51,19 @@ class NamespaceStats:
             "layers": len(lay.layers) if lay else None, "files": self.files, "bytes": self.bytes,
             "tp_sizes": sorted(self.tps), "compression_ratio": round(self.raw / self.data, 4) if self.data else None,
             "corrupt": self.corrupt, "oldest": self.oldest, "newest": self.newest, "bad_files": self.bad,
-            "unreadable": self.unreadable,
+            "unreadable": self.unreadable, "seal": lay.seal if lay else None,
+            "key_ids": dict(sorted(self.key_ids.items())),
         }
+
+    def add_header(self, hdr: BlockHeader) -> None:
+        """Count a good file's header (its layout, writer TP, sizes, seal key id)."""
+        if self.layout is None:
+            self.layout = hdr.layout
+        self.tps[hdr.provenance.tp] += 1
+        self.raw += hdr.raw_bytes
+        self.data += hdr.data_bytes
+        if hdr.seal is not None:
+            self.key_ids[hdr.seal.key_id] += 1
 
 
 @dataclass

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, block_path_parts
 from ..format._placement import placement_error
+from ..format._seal import Keyring
 from ._scan_stats import NamespaceStats, ProgressSink
 from ..format._spec import BlockHeader, layout_from_namespace_doc
 from ..errors import KVFormatError
@@ -34,23 +35,17 @@ def _headers(store: Store, rels: list[str]) -> list[BlockHeader | BaseException]
     return store.read_headers_many(rels, verify=True, check=placed)  # batched and concurrent on remote stores
 
 
-def _payloads(store: Store, items: list[tuple[str, Any, None]]) -> list[BlockHeader | BaseException]:
-    many = getattr(store, "read_many_into", None)
-    if many is not None:
-        got: list[BlockHeader | BaseException] = many(items, verify=True)
-        return got
-    out: list[BlockHeader | BaseException] = []
-    for r, buf, _ in items:
-        try:
-            out.append(store.read_into(r, buf, verify=True))
-        except (KVFormatError, OSError) as e:
-            out.append(e)
-    return out
+def _payloads(store: Store, items: list[tuple[str, Any, None]],
+              keys: Keyring | None) -> list[BlockHeader | BaseException]:
+    # Sealed files: authenticated with ``keys``; without keys, their stored bytes are checked (spec §12.6).
+    got: list[BlockHeader | BaseException] = store.read_many_into(items, verify=True, keys=keys,
+                                                                   stored_only=keys is None)
+    return got
 
 
 def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
                progress: ProgressSink | None = None, ignored: list[dict[str, str]] | None = None,
-               ) -> tuple[list[NamespaceStats], list[tuple[str, KVFormatError]]]:
+               keys: Keyring | None = None) -> tuple[list[NamespaceStats], list[tuple[str, KVFormatError]]]:
     """Every block file's header under ``prefix`` (every payload too with ``verify``), per namespace.
 
     As for local roots, only objects at a block path inside a namespace (one holding namespace.json)
@@ -74,12 +69,7 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
         progress.add_total(len(entries), sum(e.size for e in entries))
 
     def ok(e: StoreEntry, h: BlockHeader) -> None:
-        acc = _acc(e)
-        if acc.layout is None:
-            acc.layout = h.layout
-        acc.tps[h.provenance.tp] += 1
-        acc.raw += h.raw_bytes
-        acc.data += h.data_bytes
+        _acc(e).add_header(h)
 
     def fail(e: StoreEntry, err: KVFormatError) -> None:
         acc = _acc(e)
@@ -123,7 +113,7 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
                 held += good[take][1].raw_bytes
                 take += 1
             part, good = good[:take], good[take:]
-            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part])
+            res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part], keys)
             for (e, _), r in zip(part, res):
                 if sort(e, r) and isinstance(r, BlockHeader):
                     ok(e, r)

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..format._consts import SEAL_LEVELS
+from ..format._keys import looks_like_key
 from ..format._sizes import parse_limit
 from ..errors import SchemaError, UsageError
 
 REPLICA_POLICIES = ("verify", "trust_rank0")
 O_DIRECT_MODES = ("auto", "on", "off")
+SEAL_MODES = ("off", *SEAL_LEVELS)
 
 
 def parse_size(name: str, value: Any) -> int | None:
@@ -54,6 +57,10 @@ class TierConfig:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     enable_kv_events: bool = False
     locality: str | None = None
+    # Sealed files (spec §12): the level, and key SOURCES (a path or env:NAME), never keys.
+    seal: str = "off"
+    seal_key: str | None = None
+    seal_read_keys: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, root: Any, **kw: Any) -> "TierConfig":
@@ -70,6 +77,8 @@ class TierConfig:
             if b in kw and not isinstance(kw[b], bool):
                 raise SchemaError(b, f"expected true or false, got {kw[b]!r}")
         compression = _choice("compression", kw.get("compression", "none"), ("none", "zstd"))
+        seal, seal_key, read_keys = _seal_params(kw.get("seal", "off"), kw.get("seal_key"), kw.get("seal_read_keys"),
+                                                 compression)
         return cls(
             root=root,
             read_threads=_int("read_threads", kw.get("read_threads", 8), 1, 256),
@@ -85,4 +94,37 @@ class TierConfig:
             storage_options=dict(so),
             enable_kv_events=kw.get("enable_kv_events", False),
             locality=kw.get("locality"),
+            seal=seal,
+            seal_key=seal_key,
+            seal_read_keys=read_keys,
         )
+
+
+def _key_source(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SchemaError(name, f"expected a key file path or env:NAME, got {type(value).__name__}")
+    if looks_like_key(value):  # never echo it: it is a secret
+        raise SchemaError(name, "holds a key itself; give a key file path or env:NAME (a key in the tier config "
+                          "leaks into logs and process listings)")
+    return value
+
+
+def _seal_params(seal: Any, key: Any, read: Any, compression: str) -> tuple[str, str | None, tuple[str, ...]]:
+    """The checked seal, seal_key and seal_read_keys parameters (the keys are loaded by ``_sealing``)."""
+    seal = _choice("seal", seal, SEAL_MODES)
+    if read is None:
+        read = ()
+    if isinstance(read, str) or not isinstance(read, (list, tuple)):
+        raise SchemaError("seal_read_keys", f"expected a list of key file paths or env:NAME, got {type(read).__name__}")
+    read_keys = tuple(_key_source("seal_read_keys", r) for r in read)
+    if seal == "off":
+        if key is not None or read_keys:
+            raise SchemaError("seal_key", "keys are given but seal is \"off\": set seal to \"authenticate\" or "
+                              "\"encrypt\", or drop the keys")
+        return seal, None, ()
+    if key is None:
+        raise SchemaError("seal_key", f"seal {seal!r} needs the key new files are sealed under (a key file path or "
+                          "env:NAME)")
+    if compression != "none":
+        raise SchemaError("compression", "sealed files are not compressed (spec §12.1): use compression \"none\"")
+    return seal, _key_source("seal_key", key), read_keys

@@ -8,7 +8,7 @@ __all__ = ["COUNTERS", "Counters"]
 
 COUNTERS = ("bytes_written", "files_written", "bytes_read", "files_read", "checksum_failures", "corrupt_files",
             "layout_mismatches", "replica_mismatches", "evictions", "evicted_bytes", "dedup_saved_bytes",
-            "missing_files", "io_errors")
+            "missing_files", "io_errors", "seal_failures", "unknown_key_files")
 
 
 class Counters:

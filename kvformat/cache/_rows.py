@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import threading
 import time
@@ -22,9 +23,13 @@ from ..format._header import check_layout
 from ..format._paths import hash_relpath
 from ..format._spec import BlockKey, CanonicalLayout, Provenance
 from ..layout._rules import RowPlan
-from ..errors import ChecksumError, DestinationError, KVFormatError, LayoutMismatchError, ReplicaMismatchError
+from ..errors import (
+    ChecksumError, DestinationError, KVFormatError, LayoutMismatchError, ReplicaMismatchError, TagMismatchError,
+    UnknownKeyError,
+)
 from ..format._fused import read_into_fused, write_block_fused
 from ..format._native import xxh3_64
+from ..format._seal import Keyring, key_for
 from ..format._spec import BlockHeader
 from ..storage import Store
 from ..storage._base import REPLACED, Quarantined
@@ -34,6 +39,7 @@ from ._lru import LRUIndex
 from ._counters import COUNTERS as COUNTERS, Counters
 from ._pool import BatchWorker
 from ._scan import scan_root
+from ._sealing import sealed_plans, tier_keyring
 
 logger = logging.getLogger("kvformat.vllm")
 
@@ -55,6 +61,9 @@ class RowEngine:
         if isinstance(plan, CanonicalLayout):  # a payload that is the whole slot, as stored
             n = plan.payload_bytes
             plan = RowPlan(plan, n, ((0, 0, n, 1, n, n),), "layer_outer", "payload")
+        plan = sealed_plans({0: plan}, cfg)[0]  # spec §12: the seal level is part of the namespace
+        # Sealed tiers seal new files under the first key and open files of every key they hold.
+        self.keys: Keyring | None = share.keys if share is not None else tier_keyring(cfg)
         self.store = store
         self.plan = plan
         self.layout = layout = plan.layout
@@ -157,6 +166,14 @@ class RowEngine:
         that file stays, indexed. ``since``: the reader's pin token; an entry a store indexed after it is
         kept (:meth:`LRUIndex.remove`).
         """
+        if isinstance(err, UnknownKeyError):
+            # Sealed under a key this tier does not hold: another trust domain's file, or a key left out of
+            # the config. A miss, counted, but not moved: a misconfigured deployment must not empty a cache.
+            self.index.remove(rel, since)
+            self._mtimes.pop(rel, None)
+            self.counters.add(unknown_key_files=1)
+            self.warn_once(err.reason, "kvformat tier: %s; served as a miss, file left in place", err)
+            return
         reason = err.reason
         self._mtimes.pop(rel, None)
         try:
@@ -165,7 +182,8 @@ class RowEngine:
             q = Quarantined("failed")
             self.warn_once("quarantine_error", "kvformat tier: could not quarantine %s: %s", rel, e)
         self.counters.add(corrupt_files=1, checksum_failures=int(isinstance(err, ChecksumError)),
-                          layout_mismatches=int(isinstance(err, LayoutMismatchError)))
+                          layout_mismatches=int(isinstance(err, LayoutMismatchError)),
+                          seal_failures=int(isinstance(err, TagMismatchError)))
         self.counters.add_quarantine(reason)
         if q.outcome == REPLACED:  # the name holds a newer file than the one read: its entry, if any, is its own
             self.warn_once(reason, "kvformat tier: %s; served as a miss, left in place: a newer file has taken its "
@@ -213,7 +231,8 @@ class RowEngine:
                  else (self.copies - 1) * self.slot)
         hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
                                     level=self.cfg.compression_level,
-                                    payload_xxh3=digests[0] if digests else (0 if fuse else None))
+                                    payload_xxh3=digests[0] if digests else (0 if fuse else None), keys=self.keys,
+                                    out=self._buffer(2) if self.layout.seal == "encrypt" else None)
         size = len(hdr) + len(data)
         for attempt in range(STORE_ATTEMPTS):
             if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
@@ -275,7 +294,11 @@ class RowEngine:
     def _buffer(self, i: int) -> memoryview:
         bufs = getattr(self._scratch, "bufs", None)
         if bufs is None:
-            bufs = self._scratch.bufs = [memoryview(bytearray(self.payload_bytes)) for _ in range(2)]
+            bufs = self._scratch.bufs = []
+        while len(bufs) <= i:  # 0, 1: gathers; 2: an encrypted store's ciphertext (made on first use)
+            # The ciphertext buffer is page-aligned (an anonymous map) so o_direct stores can write it O_DIRECT.
+            bufs.append(memoryview(mmap.mmap(-1, self.payload_bytes)) if len(bufs) == 2
+                        else memoryview(bytearray(self.payload_bytes)))
         buf: memoryview = bufs[i]
         return buf
 
@@ -299,12 +322,14 @@ class RowEngine:
     def _header_check(self, key: BlockKey) -> Callable[[str, BlockHeader], None]:
         """The key and layout check (F-9.1, F-9.2) a load makes, run on a header while its file is open, so
         a mismatch names the file read (its quarantine moves exactly that file)."""
-        layout = self.layout
+        layout, keys = self.layout, self.keys
 
         def check(_rel: str, hdr: BlockHeader) -> None:
             if hdr.key != key:
                 raise LayoutMismatchError("key", key.to_str(), hdr.key.to_str())
             check_layout(hdr.layout, layout)
+            if hdr.seal is not None:
+                key_for(hdr, keys)  # F-12.5: a file no held key opens is no hit
         return check
 
     def _accept_header(self, rel: str, hdr: Any, since: int) -> int | None:
@@ -334,8 +359,8 @@ class RowEngine:
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
         if self._fused:  # one read of header + payload; dst is ours, zeroed on any failure
             return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
-                                   verify=self.cfg.verify, o_direct=self._o_direct)
-        return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify)
+                                   verify=self.cfg.verify, o_direct=self._o_direct, keys=self.keys)
+        return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify, keys=self.keys)
 
     # -- load ----------------------------------------------------------------------------------
     def load_chunk(self, h: str, chunk_id: int) -> int | None:

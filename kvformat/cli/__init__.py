@@ -106,6 +106,15 @@ def _bar(a: argparse.Namespace, label: str, total: int, total_bytes: int = 0) ->
     return Progress(total, total_bytes, label=label, enabled=progress_wanted(a.quiet, a.json))
 
 
+def _keyring(a: argparse.Namespace) -> Any:
+    """The keyring of the --key sources given (None without any); KeySourceError (exit 2) names a bad source."""
+    if not a.keys:
+        return None
+    from ..format._keys import load_keyring
+
+    return load_keyring(a.keys[0], a.keys[1:])
+
+
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from ..admin._scan import find_store_root, namespace_dirs, not_a_root
     from ..legacy._rows import is_legacy_root
@@ -118,10 +127,11 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     )
 
     path = _local(a.path)
+    keys = _keyring(a)
     if "://" in path:
         from ._remote import inspect_url
 
-        d = inspect_url(path, verify=a.verify)
+        d = inspect_url(path, verify=a.verify, keys=keys)
         if d["kind"] == "file":
             _emit(d) if a.json else _out(render_file(d))
             return EXIT_BAD if d["error"] else EXIT_OK
@@ -141,7 +151,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
             if d["error"] and d["row"] is None:
                 return EXIT_USAGE  # no layout: nothing could be checked
             return EXIT_BAD if d["error"] else EXIT_OK
-        d = inspect_file(path, verify=a.verify is not False)
+        d = inspect_file(path, verify=a.verify is not False, keys=keys)
         _emit(d) if a.json else _out(render_file(d))
         return EXIT_BAD if d["error"] else EXIT_OK
     if not os.path.isdir(path):
@@ -156,7 +166,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         if legacy:
             d = inspect_legacy(path, verify=verify, page_bytes=a.page_bytes, progress=tick)
         else:
-            d = inspect_root(path, verify=verify, jobs=a.jobs, progress=tick)
+            d = inspect_root(path, verify=verify, jobs=a.jobs, progress=tick, keys=keys)
     _emit(d) if a.json else _out(render_root(d))
     if d.get("errors") or d.get("unreadable") or any(n.get("legacy", {}).get("error") for n in d["namespaces"]):
         return EXIT_USAGE
@@ -180,9 +190,10 @@ class _Scanning:
 def _cmd_verify(a: argparse.Namespace) -> int:
     from ._verify import verify_path
 
+    keys = _keyring(a)
     with _Scanning(a, "verify") as tick:
         rep = verify_path(_local(a.path), quarantine=a.quarantine, jobs=a.jobs, page_bytes=a.page_bytes,
-                          progress=tick)
+                          progress=tick, keys=keys)
     # What made the pass incomplete (exit 2) goes to stderr as errors do, in both modes; the report
     # (text or JSON) on stdout still lists everything.
     for u in rep["unreadable"]:
@@ -218,12 +229,18 @@ def _cmd_compact(a: argparse.Namespace) -> int:
     if not os.path.isdir(a.src):
         raise UsageError(f"{a.src}: not a directory")
     check_destination(a.src, a.dst)
+    if a.keys and a.seal is None:
+        raise UsageError("--key is for --seal: compact writes clear files without it")
+    if a.seal is not None and not a.keys:
+        raise UsageError("--seal needs --key SOURCE (a key file path or env:NAME): the key the outputs are sealed "
+                         "under")
+    keys = _keyring(a)
     bar = _bar(a, "compact", 0)  # draws only on a terminal; failure lines always reach stderr
     try:
         rep = compact(a.src, a.dst, jobs=a.jobs, dry_run=a.dry_run, delete_source=a.delete_source,
                       page_bytes=a.page_bytes, codec=a.codec, level=a.level, fsync=a.fsync, mode=a.mode,
                       progress=bar, pp_layers=a.pp_layers, cp_interleave=a.cp_interleave,
-                      platform=a.platform)
+                      platform=a.platform, seal=a.seal, keys=keys)
     finally:
         bar.close()
     if a.json:

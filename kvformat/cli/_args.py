@@ -56,6 +56,14 @@ def _path(s: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return s
 
 
+_KEY_HELP = ("a seal key source (spec §12): a key file path or env:NAME, never the key itself; repeat it for "
+             "several keys")
+
+
+def _keys(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--key", dest="keys", action="append", default=[], metavar="SOURCE", help=f"{_KEY_HELP}. {what}")
+
+
 def _reading(s: argparse.ArgumentParser, jobs: int, what: str) -> None:
     """The options inspect and verify end with: --jobs (``what`` the threads do), --page-bytes, --json, --quiet."""
     s.add_argument("--jobs", "-j", type=jobs_arg, default=jobs, metavar="N",
@@ -84,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = _sub(sub, "inspect", "show a file, a kvformat root or a legacy vLLM fs-tier root",
              "Show one file (header, layout table, key, provenance, checksums) or a root (one row per namespace).",
              "  kvformat inspect /cache\n  kvformat inspect /cache --verify --json\n"
-             "  kvformat inspect /cache/<namespace>/ab/cd/<hash>.kvf")
+             "  kvformat inspect /cache/<namespace>/ab/cd/<hash>.kvf\n"
+             "  kvformat inspect /cache/<namespace>/ab/cd/<hash>.kvf --key /etc/kvformat/seal.key")
     _path(s)
+    _keys(s, "Sealed files' seal level and key id show without a key; with their key the tag is checked too.")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--verify", dest="verify", action="store_true", default=None,
                    help="also check every payload (default for one file; directories check headers only)")
@@ -96,16 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
              "Check every block file exactly as a load does: header, key and namespace against its path, "
              "checksums of header and payload. On a legacy vLLM root: sizes and worker replicas.",
              "  kvformat verify /cache\n  kvformat verify /cache --quarantine --json\n"
-             "  kvformat verify s3://bucket/cache --jobs 8")
+             "  kvformat verify s3://bucket/cache --jobs 8\n"
+             "  kvformat verify /cache --key /etc/kvformat/seal.key --key env:OLD_SEAL_KEY")
     _path(s).add_argument("--quarantine", action="store_true", help="move bad kvformat block files to "
-                          "<root>/.quarantine/<path>.<Reason> (never other files)")
+                          "<root>/.quarantine/<path>.<Reason> (never other files; never a sealed file under a "
+                          "key not given)")
+    _keys(s, "Sealed files are then authenticated (their tag checked); without --key, only what needs no key "
+          "(header and stored-data checksums), and a sealed file under a key not given counts as bad.")
     _reading(s, 2, "threads reading and hashing payloads")
 
     s = _sub(sub, "compact", "convert a legacy vLLM fs-tier root into kvformat files",
              "Write each legacy block once, TP-independent, after checking its worker replicas agree. "
              "Idempotent and resumable: a re-run verifies existing outputs (payload included) and rewrites bad ones.",
              "  kvformat compact /vllm-fs-cache /cache -j 2\n  kvformat compact /vllm-fs-cache /cache --dry-run\n"
-             "  kvformat compact /vllm-fs-cache /cache --delete-source --mode 0640")
+             "  kvformat compact /vllm-fs-cache /cache --delete-source --mode 0640\n"
+             "  kvformat compact /vllm-fs-cache /cache --seal encrypt --key /etc/kvformat/seal.key")
     s.add_argument("src", metavar="SRC", help="the legacy root (the fs tier's root directory)")
     s.add_argument("dst", metavar="DST", help="the kvformat root to write (a directory or a URL that outlives "
                    "this process; memory:// is refused)")
@@ -129,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--codec", choices=("none", "zstd"), default="none", help="payload codec (default none)")
     s.add_argument("--level", type=int_arg(0, 22, "a zstd level"), default=3, metavar="N",
                    help="zstd level 0..22 (default 3; used with --codec zstd)")
+    s.add_argument("--seal", choices=("authenticate", "encrypt"), default=None,
+                   help="write sealed files (spec §12) under the first --key: authenticate (tag over header and "
+                        "payload) or encrypt (payload encrypted too). Needs --codec none")
+    _keys(s, "With --seal, the first seals the outputs; all of them open existing outputs on a re-run.")
     s.add_argument("--fsync", action="store_true", help="fsync each output before counting it done")
     s.add_argument("--mode", type=mode_arg, default=None, metavar="MODE",
                    help="octal mode of the files written (e.g. 0640; directories created get x where r is set). "

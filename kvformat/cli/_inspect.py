@@ -8,9 +8,10 @@ from collections import Counter
 from typing import Any, Callable
 
 from ..format._files import read_row
-from ..format._io import read_header, read_into
+from ..format._io import read_header, verify_file
+from ..format._seal import Keyring
 from ..format._spec import BlockHeader
-from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError
+from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError, TagMismatchError, UnknownKeyError
 from ..legacy._rows import (
     Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files,
 )
@@ -21,18 +22,25 @@ from ..admin._scan import (
 from ._util import UsageError, human, iso, shown, table
 
 
+NOT_OUR_KEY = "sealed under a key this run was not given (another deployment's, or a key left out): never quarantined"
+
+
 # -- one file ------------------------------------------------------------------------------------------
-def inspect_file(path: str, *, verify: bool = True) -> dict[str, Any]:
+def inspect_file(path: str, *, verify: bool = True, keys: Keyring | None = None) -> dict[str, Any]:
     """Header, layout table and checksum status of one kvformat file (the ``--json`` "file" object)."""
-    return file_view(path, lambda: read_header(path, verify=True),
-                     lambda hdr: read_into(path, bytearray(hdr.raw_bytes), verify=True), verify=verify)
+    return file_view(path, lambda: read_header(path, verify=True), lambda hdr: verify_file(path, keys=keys),
+                     verify=verify, keys=keys)
 
 
 def file_view(path: str, read_hdr: Callable[[], BlockHeader], read_data: Callable[[BlockHeader], Any], *,
-              verify: bool = True) -> dict[str, Any]:
-    """The "file" object of ``path`` from a header reader and a payload reader (local file or remote object)."""
+              verify: bool = True, keys: Keyring | None = None) -> dict[str, Any]:
+    """The "file" object of ``path`` from a header reader and a payload reader (local file or remote object).
+
+    ``seal`` (spec §12) is None for a clear file, else its level, key id and ``tag``: ``ok``, ``bad``,
+    ``unknown_key`` (no key given opens it), ``unchecked`` (no key given, or data not read).
+    """
     out: dict[str, Any] = {"kind": "file", "path": path, "header": None, "layers": [],
-                           "checksum": {"header": "unknown", "data": "skipped"}, "error": None}
+                           "checksum": {"header": "unknown", "data": "skipped"}, "seal": None, "error": None}
     try:
         hdr = read_hdr()
     except KVFormatError as e:
@@ -41,6 +49,10 @@ def file_view(path: str, read_hdr: Callable[[], BlockHeader], read_data: Callabl
         return out
     out["checksum"]["header"] = "ok"
     out["header"] = hdr.to_dict()
+    if hdr.seal is not None:
+        held = keys is not None and keys.get(hdr.seal.key_id) is not None
+        out["seal"] = {"level": hdr.layout.seal, "key_id": hdr.seal.key_id,
+                       "tag": "unchecked" if keys is None else ("unchecked" if held else "unknown_key")}
     out["header"]["ratio"] = round(hdr.ratio, 4)
     bpc = hdr.layout.blocks_per_chunk
     for l, off, n in zip(hdr.layout.layers, hdr.layout.layer_offsets, hdr.layout.chunk_bytes_per_layer):
@@ -49,8 +61,16 @@ def file_view(path: str, read_hdr: Callable[[], BlockHeader], read_data: Callabl
         try:
             read_data(hdr)
             out["checksum"]["data"] = "ok"
+            if out["seal"] is not None and keys is not None:
+                out["seal"]["tag"] = "ok"
+        except UnknownKeyError as e:  # the stored bytes were not read: only the key was missing
+            out["checksum"]["data"] = "skipped"
+            out["seal"]["tag"] = "unknown_key"
+            out["error"] = {"reason": e.reason, "message": e.message}
         except KVFormatError as e:
-            out["checksum"]["data"] = "bad"
+            out["checksum"]["data"] = "ok" if isinstance(e, TagMismatchError) else "bad"
+            if isinstance(e, TagMismatchError):
+                out["seal"]["tag"] = "bad"
             out["error"] = {"reason": e.reason, "message": e.message}
     return out
 
@@ -78,7 +98,15 @@ def render_file(d: dict[str, Any]) -> str:
     ]
     c = d["checksum"]
     data = {"ok": "data ok", "bad": "data BAD", "skipped": "data not checked (--no-verify)"}[c["data"]]
+    sealed = d.get("seal")
+    if sealed is not None and sealed["tag"] == "unknown_key":
+        data = "data not checked (no key given opens it)"
     lines.append(f"checksum    header ok, {data} (xxh3 {h['checksums']['data_xxh3']})")
+    if sealed is not None:
+        tag = {"ok": "tag ok", "bad": "tag BAD (written without the key, or altered)",
+               "unknown_key": "tag not checked: no key given has this id",
+               "unchecked": "tag not checked (give --key to check it)"}[sealed["tag"]]
+        lines.append(f"sealed      {sealed['level']}, key id {sealed['key_id']}: {tag}")
     if d["error"]:
         lines.append(f"error       {d['error']['reason']}: {shown(d['error']['message'])}")
     lines.append("")
@@ -90,12 +118,12 @@ def render_file(d: dict[str, Any]) -> str:
 
 # -- a kvformat root -----------------------------------------------------------------------------------
 def inspect_root(root: str, *, verify: bool = False, jobs: int = 4,
-                 progress: ProgressSink | None = None) -> dict[str, Any]:
+                 progress: ProgressSink | None = None, keys: Keyring | None = None) -> dict[str, Any]:
     """The ``inspect`` object of a kvformat root or one namespace directory (per-namespace table)."""
     store_root, prefix = find_store_root(root)
     if prefix and "/" in prefix:
         raise UsageError(f"{root}: a directory inside a namespace; give the root, the namespace or a file")
-    res = scan_root(store_root, prefix, verify=verify, jobs=jobs, progress=progress)
+    res = scan_root(store_root, prefix, verify=verify, jobs=jobs, progress=progress, keys=keys)
     nss = [a.to_dict() for a in res.accs]
     return {"kind": "kvformat_root", "path": root, "verified_data": verify, "namespaces": nss,
             "totals": totals(nss), "ignored": [{"path": i.path, "why": i.why} for i in res.ignored],
@@ -209,6 +237,10 @@ def render_root(d: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"total: {t['namespaces']} namespaces, {t['files']} files, {human(t['bytes'])}, "
                  f"{t['corrupt']} corrupt")
+    for n in d["namespaces"]:  # spec §12: how a namespace is sealed and under which key ids (no key needed)
+        if n.get("seal"):
+            ids = ", ".join(f"{k} ({c} files)" for k, c in n["key_ids"].items()) or "no files yet"
+            lines.append(f"sealed: {shown(n['namespace'])}: {n['seal']}, key ids {ids}")
     if legacy:
         lines.append("")
         lrows = []

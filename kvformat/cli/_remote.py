@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, block_path_parts
-from ..errors import KVFormatError
+from ..format._seal import Keyring
+from ..errors import KVFormatError, UnknownKeyError
 from ..storage import Store, open_store
 from ..admin._scan import ProgressSink, scan_store, totals
 from ..admin._scan_store import placed
-from ._inspect import file_view
+from ._inspect import NOT_OUR_KEY, file_view
 from ._util import UsageError, note_quarantine
 
 # Objects per header round, and payload bytes held in memory per verify round.
@@ -59,7 +60,16 @@ def _open_dir(url: str) -> tuple[Store, str]:
     return st, ""
 
 
-def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
+def _check_data(store: Store, rel: str, h: Any, keys: Keyring | None) -> Any:
+    """A remote file's data checked as a load would; sealed: with ``keys``, else keylessly (spec §12.6)."""
+    r = store.read_many_into([(rel, bytearray(h.raw_bytes), None)], verify=True, keys=keys,
+                             stored_only=keys is None)[0]
+    if isinstance(r, BaseException):
+        raise r
+    return r
+
+
+def inspect_url(url: str, *, verify: bool | None, keys: Keyring | None = None) -> dict[str, Any]:
     """The ``inspect`` object of a remote object (file view) or a remote root / namespace (per-namespace table).
 
     ``verify`` None: data checked for one object, headers only for a root.
@@ -68,21 +78,20 @@ def inspect_url(url: str, *, verify: bool | None) -> dict[str, Any]:
         store, rel = _open_file(url)
         try:
             return file_view(f"{store.root}/{rel}", lambda: store.read_header(rel, verify=True),
-                             lambda h: store.read_into(rel, bytearray(h.raw_bytes), verify=True),
-                             verify=verify is not False)
+                             lambda h: _check_data(store, rel, h, keys), verify=verify is not False, keys=keys)
         except FileNotFoundError:
             raise UsageError(f"{store.root}/{rel}: no such object") from None
     store, prefix = _open_dir(url)
     ignored: list[dict[str, str]] = []
-    accs, _ = scan_store(store, prefix, verify=bool(verify), ignored=ignored)
+    accs, _ = scan_store(store, prefix, verify=bool(verify), ignored=ignored, keys=keys)
     nss = [a.to_dict() for a in accs]
     where = f"{store.root}/{prefix}" if prefix else store.root  # the URL without credentials
     return {"kind": "kvformat_root", "path": where, "verified_data": bool(verify), "namespaces": nss,
             "totals": totals(nss), "ignored": ignored, "unreadable": []}
 
 
-def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | None = None
-               ) -> dict[str, Any]:
+def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | None = None,
+               keys: Keyring | None = None) -> dict[str, Any]:
     """A full checksum and placement pass over a remote object, namespace or root: the verify report.
 
     Only objects at a block path inside a namespace are ever quarantined.
@@ -97,7 +106,7 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
         errs: list[tuple[str, KVFormatError]] = []
         try:
             h = store.read_header(rel, verify=True, check=placed if in_ns else None)
-            store.read_into(rel, bytearray(h.raw_bytes), verify=True)
+            _check_data(store, rel, h, keys)
         except KVFormatError as e:
             errs = [(rel, e)]
         except FileNotFoundError:
@@ -111,14 +120,16 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
         if not prefix and not list(store._namespace_dirs()):
             raise UsageError(f"{store.root}: no kvformat namespace (<namespace>/namespace.json) under it: "
                              "nothing to verify")
-        accs, errs = scan_store(store, prefix, verify=True, progress=progress, ignored=rep["ignored"])
+        accs, errs = scan_store(store, prefix, verify=True, progress=progress, ignored=rep["ignored"], keys=keys)
         rep["checked"] = sum(a.files for a in accs)
         nss = set(store._namespace_dirs())
         in_ns = True
     for rel, bad_err in errs:
         rep["bad"].append({"path": f"{store.root}/{rel}", "reason": bad_err.reason, "message": bad_err.message})
         may_move = in_ns if nss is None else rel.split("/", 1)[0] in nss  # never outside a namespace
-        if quarantine and not may_move:
+        if quarantine and isinstance(bad_err, UnknownKeyError):
+            rep["ignored"].append({"path": f"{store.root}/{rel}", "why": NOT_OUR_KEY})
+        elif quarantine and not may_move:
             if nss is not None:  # (one object outside a namespace is already listed as such)
                 rep["ignored"].append({"path": f"{store.root}/{rel}", "why": "not inside a kvformat namespace (no "
                                        "namespace.json): never quarantined"})

@@ -25,6 +25,8 @@ _NAMESPACE = {
         "tp_sizes": {"type": "array", "items": _INT}, "compression_ratio": _NUM_OR_NULL, "corrupt": _INT,
         "oldest": _NUM_OR_NULL, "newest": _NUM_OR_NULL, "bad_files": _BAD,
         "unreadable": {"type": "array", "items": {"type": "object", "required": ["path", "error"]}},
+        "seal": {"type": ["string", "null"], "enum": ["authenticate", "encrypt", None]},
+        "key_ids": {"type": "object", "additionalProperties": _INT},
         "group": _INT,
         "legacy": {"type": "object",
                    "required": ["row", "slots", "page_bytes", "row_bytes", "padding", "digest_ok", "compacted_bytes",
@@ -41,7 +43,7 @@ _NAMESPACE = {
 
 _FILE = {
     "type": "object",
-    "required": ["kind", "path", "header", "layers", "checksum", "error"],
+    "required": ["kind", "path", "header", "layers", "checksum", "seal", "error"],
     "properties": {
         "kind": {"enum": ["file"]}, "path": _STR,
         "header": {"anyOf": [{"type": "null"}, {
@@ -58,6 +60,7 @@ _FILE = {
                         "properties": {"hash": _STR, "group": _INT}},
                 "provenance": {"type": "object", "required": ["tp", "pp", "dcp", "pcp", "row", "writer", "created"]},
                 "checksums": {"type": "object", "required": ["header_xxh3", "data_xxh3", "raw_xxh3"]},
+                "seal": {"type": "object", "required": ["level", "key_id", "nonce", "tag"]},
             }}]},
         "layers": {"type": "array", "items": {
             "type": "object", "required": ["name", "dtype", "shape", "offset", "bytes"],
@@ -66,6 +69,10 @@ _FILE = {
         "checksum": {"type": "object", "required": ["header", "data"],
                      "properties": {"header": {"enum": ["ok", "bad", "unknown"]},
                                     "data": {"enum": ["ok", "bad", "skipped"]}}},
+        "seal": {"anyOf": [{"type": "null"}, {
+            "type": "object", "required": ["level", "key_id", "tag"],
+            "properties": {"level": {"enum": ["authenticate", "encrypt"]}, "key_id": _STR,
+                           "tag": {"enum": ["ok", "bad", "unknown_key", "unchecked"]}}}]},
         "error": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["reason", "message"]}]},
     },
 }

@@ -11,13 +11,14 @@ import os
 from typing import Any
 
 from ..format._paths import block_path_parts
-from ..errors import KVFormatError
+from ..format._seal import Keyring
+from ..errors import KVFormatError, UnknownKeyError
 from ..legacy._rows import is_legacy_root
 from ..storage import LocalStore
 from ..admin._scan import (
     ProgressSink, check_block_file, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root,
 )
-from ._inspect import inspect_legacy, inspect_legacy_file, legacy_file_namespace
+from ._inspect import NOT_OUR_KEY, inspect_legacy, inspect_legacy_file, legacy_file_namespace
 from ._util import UsageError, note_quarantine
 
 _NO_QUARANTINE_LEGACY = "--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by"
@@ -29,12 +30,16 @@ def _report(path: str) -> dict[str, Any]:
 
 
 def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_bytes: int | None = None,
-                progress: ProgressSink | None = None) -> dict[str, Any]:
-    """Verify a file, a namespace, a kvformat root, a legacy root (or a root holding both) or a URL."""
+                progress: ProgressSink | None = None, keys: Keyring | None = None) -> dict[str, Any]:
+    """Verify a file, a namespace, a kvformat root, a legacy root (or a root holding both) or a URL.
+
+    Sealed files (spec §12) are authenticated with ``keys``; without keys, checked as far as no key allows.
+    A sealed file under a key not in ``keys`` is bad (it cannot be checked) but never quarantined.
+    """
     if "://" in path:
         from ._remote import verify_url
 
-        rep = verify_url(path, quarantine=quarantine, progress=progress)
+        rep = verify_url(path, quarantine=quarantine, progress=progress, keys=keys)
         return _finish(rep)
     rep = _report(path)
     targets: list[tuple[str, str, KVFormatError]] = []  # (store root, relpath, error) of files that may be quarantined
@@ -61,7 +66,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         rep["checked"] = 1
         err: KVFormatError | None = None
         try:
-            check_block_file(path, rel if in_ns else None, verify=True)
+            check_block_file(path, rel if in_ns else None, verify=True, keys=keys)
         except KVFormatError as e:
             err = e
         except OSError as e:
@@ -69,7 +74,10 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
             return _finish(rep)
         if err is not None:
             rep["bad"].append({"path": path, "reason": err.reason, "message": err.message})
-            if in_ns:
+            if in_ns and isinstance(err, UnknownKeyError):
+                if quarantine:
+                    rep["ignored"].append({"path": path, "why": NOT_OUR_KEY})
+            elif in_ns:
                 targets.append((root, rel, err))
         if not in_ns:
             rep["ignored"].append({"path": path, "why": "not a block file inside a kvformat namespace: placement "
@@ -85,12 +93,15 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         if legacy and quarantine and not kv:
             raise UsageError(_NO_QUARANTINE_LEGACY)
         if kv:
-            res = scan_root(root, prefix, verify=True, jobs=jobs, progress=progress)
+            res = scan_root(root, prefix, verify=True, jobs=jobs, progress=progress, keys=keys)
             rep["checked"] += sum(x.files for x in res.accs)
             rep["ignored"] += [{"path": i.path, "why": i.why} for i in res.ignored]
             for rel, err in res.bad:
                 rep["bad"].append({"path": os.path.join(root, rel), "reason": err.reason, "message": err.message})
-                if rel.split("/", 1)[0] in res.namespaces:
+                if isinstance(err, UnknownKeyError):
+                    if quarantine:
+                        rep["ignored"].append({"path": os.path.join(root, rel), "why": NOT_OUR_KEY})
+                elif rel.split("/", 1)[0] in res.namespaces:
                     targets.append((root, rel, err))
                 elif quarantine:
                     rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "

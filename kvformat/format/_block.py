@@ -6,10 +6,11 @@ from typing import Any
 
 from . import _codec
 from ._header import _hxxh3_pos as header_checksum_pos
-from ._header import check_layout, decode_header, encode_header, xxh3_hex
-from ._consts import parse_uint
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
-from ..errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError
+from ._header import check_layout, decode_header, encode_header, sealed_positions, xxh3_hex
+from ._consts import HEX64_LEN, HEX64_ZERO, SEAL_TAG_HEX, parse_uint
+from ._seal import Keyring, header_aad, key_for, new_nonce, seal_data, unseal_data
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, SealFields
+from ..errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedError, UsageError
 
 
 def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
@@ -27,26 +28,35 @@ def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
 
 
 def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
-           codec: str = "none", level: int = 3) -> tuple[bytes, memoryview | bytes]:
+           codec: str = "none", level: int = 3, keys: Keyring | None = None) -> tuple[bytes, memoryview | bytes]:
     """Return ``(header_region, data)``; the file is their concatenation.
 
-    ``data`` is ``payload`` itself (no copy) when uncompressed, else the zstd frame.
+    ``data`` is ``payload`` itself (no copy) when uncompressed or sealed with ``authenticate``, the zstd
+    frame, or the ciphertext of a layout sealed with ``encrypt``. A sealed layout (``layout.seal``) is
+    sealed under ``keys.write_key`` (spec §12).
     """
-    hdr, data, _ = encode_block(payload, layout, key, provenance=provenance, codec=codec, level=level)
+    hdr, data, _ = encode_block(payload, layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
     return hdr, data
 
 
 def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
-                 codec: str = "none", level: int = 3,
-                 payload_xxh3: int | None = None) -> tuple[bytes, memoryview | bytes, BlockHeader]:
+                 codec: str = "none", level: int = 3, payload_xxh3: int | None = None, keys: Keyring | None = None,
+                 nonce: str | None = None,
+                 out: memoryview | None = None) -> tuple[bytes, memoryview | bytes, BlockHeader]:
     """:func:`encode` plus the :class:`BlockHeader` it wrote (built from what was encoded, not re-parsed).
 
     ``payload_xxh3``: the xxh3-64 of ``payload`` when the caller has just computed it over these same
-    bytes (the tier's replica check does), so the payload is not hashed twice.
+    bytes (the tier's replica check does), so the payload is not hashed twice; 0 leaves kvf.dxxh3 (and
+    kvf.hxxh3) for a fused writer to patch. Sealed layouts: ``keys`` seals, ``nonce`` (tests and vectors
+    only) replaces the random one, ``out`` (payload-sized) receives the ciphertext of ``encrypt``.
     """
     mv = as_bytes_view(payload)
     if len(mv) != layout.payload_bytes:
         raise LayoutMismatchError("payload_bytes", layout.payload_bytes, len(mv))
+    if layout.seal is not None:
+        if codec != "none":
+            raise SchemaError("kvf.codec", "a sealed file is not compressed (spec §12.1)")
+        return _encode_sealed(mv, layout, key, provenance or Provenance(), keys, nonce, payload_xxh3, out)
     raw = xxh3_hex(mv) if payload_xxh3 is None else f"{payload_xxh3:016x}"
     if codec == "none":
         data: memoryview | bytes = mv
@@ -65,6 +75,42 @@ def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, proven
                        data_offset=len(hdr), data_bytes=len(data), raw_bytes=layout.payload_bytes,
                        header_xxh3=hdr[pos:pos + 16].decode(), data_xxh3=dx, raw_xxh3=raw, level=lvl)
     return hdr, data, info
+
+
+def _encode_sealed(mv: memoryview, layout: CanonicalLayout, key: BlockKey, prov: Provenance, keys: Keyring | None,
+                   nonce: str | None, payload_xxh3: int | None,
+                   out: memoryview | None) -> tuple[bytes, memoryview | bytes, BlockHeader]:
+    if keys is None:
+        raise UsageError(f"layout sealed with {layout.seal!r}: writing it needs a keyring (keys=...)")
+    wk = keys.write_key
+    n = nonce if nonce is not None else new_nonce()
+    level = str(layout.seal)
+    zeros = SealFields(wk.key_id, n, "0" * SEAL_TAG_HEX)
+    hdr = bytearray(encode_header(layout, key, prov, codec="none", data_bytes=len(mv), data_xxh3=HEX64_ZERO.decode(),
+                                  raw_xxh3="", seal=zeros))
+    if level == "encrypt":
+        data: memoryview = out[:len(mv)] if out is not None else memoryview(bytearray(len(mv)))
+        tag = seal_data(level, wk, n, header_aad(hdr), mv, data)
+    else:
+        data = mv
+        tag = seal_data(level, wk, n, header_aad(hdr), mv)
+    h = header_checksum_pos(hdr)
+    d, t = sealed_positions(hdr, h)
+    if payload_xxh3 == 0:
+        dx = HEX64_ZERO.decode()  # a fused writer patches kvf.dxxh3 and kvf.hxxh3 while it writes
+    elif payload_xxh3 is not None and level == "authenticate":
+        dx = f"{payload_xxh3:016x}"
+    else:
+        dx = xxh3_hex(data)  # F-5.2: of the stored bytes (the ciphertext when encrypted)
+    hdr[t:t + SEAL_TAG_HEX] = tag.encode()
+    hdr[d:d + HEX64_LEN] = dx.encode()
+    hdr[h:h + HEX64_LEN] = HEX64_ZERO
+    hdr[h:h + HEX64_LEN] = xxh3_hex(hdr).encode()  # F-5.1: over the region with its own digits as zeros
+    info = BlockHeader(version=layout.version, layout=layout, key=key, provenance=prov, codec="none",
+                       data_offset=len(hdr), data_bytes=len(data), raw_bytes=layout.payload_bytes,
+                       header_xxh3=hdr[h:h + HEX64_LEN].decode(), data_xxh3=dx,
+                       raw_xxh3=dx if level == "authenticate" else "", seal=SealFields(wk.key_id, n, tag))
+    return bytes(hdr), data, info
 
 
 def check_expected(hdr: BlockHeader, expect: CanonicalLayout | None, key: BlockKey | None) -> None:
@@ -109,13 +155,30 @@ def invalidate(out: memoryview) -> None:
     out[:] = bytes(len(out)) if len(out) < (1 << 16) else memoryview(bytearray(len(out)))
 
 
+def unseal_into(hdr: BlockHeader, region: Any, dst: memoryview, keys: Keyring | None, *,
+                zero_on_failure: bool = True) -> None:
+    """Authenticate (and, for ``encrypt``, decrypt in place) the stored bytes of sealed file ``hdr`` that are
+    in ``dst``, ``region`` being its header region. On failure ``dst`` is zero-filled (F-5.5; unless the
+    caller's bytes were only read) and TagMismatchError raised (F-12.6); UnknownKeyError (F-12.5) is raised
+    before ``dst`` is touched."""
+    k = key_for(hdr, keys)
+    assert hdr.seal is not None and hdr.layout.seal is not None
+    try:
+        unseal_data(hdr.layout.seal, k, hdr.seal, header_aad(region), dst)
+    except BaseException:
+        if zero_on_failure:
+            invalidate(dst)
+        raise
+
+
 def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
-           verify: bool = True) -> tuple[BlockHeader, memoryview]:
+           verify: bool = True, keys: Keyring | None = None) -> tuple[BlockHeader, memoryview]:
     """Decode a whole file held in memory.
 
     Returns ``(header, payload)``. With ``out`` the payload is written there and ``payload`` is a view
-    of ``out``; without it, an uncompressed payload is a zero-copy view of ``buf`` (valid as long as
-    ``buf`` is) and a compressed one a fresh bytearray.
+    of ``out``; without it, an uncompressed (or authenticated) payload is a zero-copy view of ``buf``
+    (valid as long as ``buf`` is) and a compressed or decrypted one a fresh bytearray. A sealed file is
+    opened with ``keys`` (its tag is always checked, ``verify`` or not; UnknownKeyError without the key).
     """
     mv = as_bytes_view(buf)
     hdr = decode_header(mv, file_bytes=len(mv), verify=verify)
@@ -127,6 +190,18 @@ def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None =
         raise LayoutMismatchError("payload_bytes", len(dst), hdr.raw_bytes)
     if dst is not None:
         dst = dst[:hdr.raw_bytes]
+    if hdr.seal is not None:
+        key_for(hdr, keys)  # F-12.5: before anything is written to the destination
+        if verify:
+            _check_stored(hdr, data)  # F-5.2 first: damage is a checksum failure, forgery a tag failure
+        if dst is None and hdr.layout.seal == "authenticate":
+            unseal_into(hdr, mv[:hdr.data_offset], data, keys, zero_on_failure=False)  # only read: stays the file
+            return hdr, data
+        if dst is None:
+            dst = memoryview(bytearray(hdr.raw_bytes))
+        dst[:] = data
+        unseal_into(hdr, mv[:hdr.data_offset], dst, keys)
+        return hdr, dst
     if hdr.codec == "none":
         if verify:
             verify_data(hdr, data, None)

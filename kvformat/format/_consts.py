@@ -9,11 +9,13 @@ from typing import Any, Mapping
 from ..errors import SchemaError
 
 FORMAT_MAJOR = 1  # §7: readers refuse any other major
-FORMAT_MINOR = 1  # §7: readers accept any minor of their major
+FORMAT_MINOR = 2  # §7: readers accept any minor of their major
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 # §7: a writer marks a file with the lowest minor whose features it uses, so files readable by 1.0
 # readers (pure-MLA layouts, no roles, no pins) keep their exact 1.0 bytes and namespaces.
 FORMAT_VERSION_BASE = f"{FORMAT_MAJOR}.0"
+FORMAT_VERSION_ROLES = f"{FORMAT_MAJOR}.1"  # §4.3: kvf.roles / kvf.pins
+FORMAT_VERSION_SEAL = f"{FORMAT_MAJOR}.2"  # §12: sealed files
 
 ALIGNMENT = 4096  # §3: the data section starts at a multiple of this
 LENGTH_BYTES = 8  # §3: u64 little-endian header length (safetensors)
@@ -32,6 +34,19 @@ HEX64_LEN = 16
 HEX64_ZERO = b"0" * HEX64_LEN
 
 CODECS = ("none", "zstd")
+
+# §12 sealed files: AES-256-GCM under a per-file key derived from the deployment key and the file's nonce.
+SEAL_LEVELS = ("authenticate", "encrypt")  # payload in clear + tag / payload encrypted (AEAD)
+SEALED_TENSOR = "kvf.sealed"  # §12.3: the one U8 tensor of an encrypted file
+SEAL_KEY_BYTES = 32  # a deployment key is 256 random bits
+SEAL_KEY_ID_HEX = 16  # kvf.key_id: 64 bits of HMAC-SHA256(key, label), never the key
+SEAL_NONCE_HEX = 48  # kvf.nonce: 192 random bits per file (input of the per-file key derivation)
+SEAL_TAG_HEX = 32  # kvf.tag: the full 128-bit GCM tag; a shorter one is refused, never compared on its prefix
+# §12.2: a sealed header continues the fixed prefix (§4.1) with these members in this order, so the three
+# digit runs the tag cannot cover (kvf.hxxh3, kvf.dxxh3, kvf.tag) sit at offsets known without parsing.
+SEAL_AFTER_HXXH3 = b'","kvf.codec":"none","kvf.dxxh3":"'
+SEAL_AFTER_DXXH3 = b'","kvf.tag":"'
+SEAL_AFTER_TAG = b'","kvf.seal":"'
 ZSTD_TENSOR = "kvf.zstd"  # §6: the one U8 tensor of a compressed file
 ROW_LAYOUTS = ("replicated", "per_worker", "canonical", "unknown")
 

@@ -12,8 +12,9 @@ import stat
 import threading
 from typing import Any
 
-from ._block import as_bytes_view, check_expected, invalidate
+from ._block import as_bytes_view, check_expected, invalidate, unseal_into
 from ._header import _hxxh3_pos, decode_header
+from ._seal import Keyring
 from ._read import _O_DIRECT, FileId, _open_regular
 from ._consts import ALIGNMENT, MAX_HEADER_BYTES
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
@@ -24,7 +25,8 @@ _DXXH3_FIELD = b'"kvf.dxxh3":"'
 
 
 def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
-                    key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
+                    key: BlockKey | None = None, verify: bool = True, o_direct: bool = False,
+                    keys: Keyring | None = None) -> BlockHeader:
     """:func:`read_into` with header and payload in ONE read and the payload hashed as it lands.
 
     The header region's size is guessed as (file size - payload size), exact for every uncompressed
@@ -36,7 +38,8 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     ``DestinationError`` (the file is not at fault), as :func:`read_into` does. Anything the guess does
     not fit (compressed files, other layouts) takes :func:`read_into`. ``o_direct``: the same one read
     through an O_DIRECT descriptor when ``out`` is page-aligned and the payload a whole number of pages
-    (else, or where the filesystem refuses it, buffered). Raises what :func:`read_into` raises.
+    (else, or where the filesystem refuses it, buffered). A sealed file (``keys``) is authenticated, and
+    decrypted, in ``out`` after the one read. Raises what :func:`read_into` raises.
     """
     from . import _io, _native  # _io: the general read, for files the guess does not fit
 
@@ -51,7 +54,7 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
         size = st.st_size
         guess = size - raw
         if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
-            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
+            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
         head = _head_buffer(guess) if direct else bytearray(guess)
         body = dst[:raw]
         # Set before the read, not after it returns: a read that fails part-way (EIO on a later piece) has
@@ -74,13 +77,15 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
-            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
+            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
         if dgot != hdr.data_bytes:  # the file shrank under us
             raise TruncatedError("data", hdr.data_bytes, dgot)
         if verify:
             actual = f"{digest:016x}"
             if actual != hdr.data_xxh3:
                 raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
+        if hdr.seal is not None:  # after F-5.2: a damaged file is a checksum failure, a forged one fails here
+            unseal_into(hdr, memoryview(head)[:hdr.data_offset], body, keys)  # F-12.5, F-12.6
         return hdr
     except KVFormatError as e:
         if touched:

@@ -13,9 +13,10 @@ import xxhash
 from . import _native
 from ._consts import (
     ALIGNMENT, CODECS, FORMAT_MAJOR, HEADER_PREFIX, HEX64_LEN, HEX64_ZERO, HXXH3_FIELD, LENGTH_BYTES,
-    MAX_HEADER_BYTES, ZSTD_TENSOR, parse_name, parse_uint, round_up,
+    MAX_HEADER_BYTES, SEAL_AFTER_DXXH3, SEAL_AFTER_HXXH3, SEAL_AFTER_TAG, SEAL_TAG_HEX, SEALED_TENSOR, ZSTD_TENSOR,
+    parse_name, parse_uint, round_up,
 )
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, SealFields
 from ._header_json import _DECODER, _from_parts, _parse_tensors
 from ..errors import (
     ChecksumError, HeaderError, InvalidJSONError, KVFormatError, NotKVFormatError, OversizedHeaderError, SchemaError,
@@ -63,28 +64,39 @@ def _meta_for(layout: CanonicalLayout, key: BlockKey, prov: Provenance) -> dict[
 
 
 def encode_header(layout: CanonicalLayout, key: BlockKey, provenance: Provenance, *, codec: str, data_bytes: int,
-                  data_xxh3: str, raw_xxh3: str, level: int | None = None) -> bytes:
+                  data_xxh3: str, raw_xxh3: str, level: int | None = None, seal: SealFields | None = None) -> bytes:
     """Build the complete header region (length field + JSON + space padding), checksum patched in.
 
-    Its length is the data offset: a multiple of ALIGNMENT (§3).
+    Its length is the data offset: a multiple of ALIGNMENT (§3). A sealed layout needs ``seal`` (its tag
+    may still be zeros: :mod:`._seal` patches it in).
     """
     if codec not in CODECS:
         raise SchemaError("kvf.codec", f"expected one of {CODECS}, got {codec!r}")
     if key.group != layout.group:
         raise SchemaError("key.group", f"expected the layout's group {layout.group}, got {key.group}")
+    if (seal is None) != (layout.seal is None):
+        raise SchemaError("kvf.seal", "a sealed layout needs the seal fields, a clear one none")
+    if layout.seal is not None and codec != "none":
+        raise SchemaError("kvf.codec", "a sealed file is not compressed (spec §12.1)")
     if codec != "none":  # never write a level the reader refuses (kvf.level is 0..22, spec §4.2)
         parse_uint("kvf.level", level if level is not None else 0, maximum=22)
     meta: dict[str, str] = {"kvformat": layout.version, "kvf.hxxh3": HEX64_ZERO.decode(), "kvf.codec": codec,
                             "kvf.dxxh3": data_xxh3}
+    if seal is not None:  # §12.2: tag right after dxxh3, then the level, key id and nonce
+        meta.update({"kvf.tag": seal.tag, "kvf.seal": str(layout.seal), "kvf.key_id": seal.key_id,
+                     "kvf.nonce": seal.nonce})
+        if layout.seal == "encrypt":
+            meta["kvf.layers"] = layout._layers_json
     if codec != "none":
         meta.update({"kvf.level": str(level if level is not None else 0), "kvf.raw_xxh3": raw_xxh3,
                      "kvf.layers": layout._layers_json})
     meta.update(_meta_for(layout, key, provenance))
-    if codec == "none":
-        tensors = layout._tensor_entries_json  # per-layout constant text (cached)
-    else:
-        tensors = json.dumps({ZSTD_TENSOR: {"dtype": "U8", "shape": [data_bytes], "data_offsets": [0, data_bytes]}},
+    if layout.seal == "encrypt" or codec != "none":  # one opaque U8 tensor (§6, §12.3)
+        name = SEALED_TENSOR if layout.seal == "encrypt" else ZSTD_TENSOR
+        tensors = json.dumps({name: {"dtype": "U8", "shape": [data_bytes], "data_offsets": [0, data_bytes]}},
                              separators=(",", ":"))[1:-1]
+    else:
+        tensors = layout._tensor_entries_json  # per-layout constant text (cached)
     # Same bytes as json.dumps of {"__metadata__": meta, **tensors} (the vectors pin them).
     body = ('{"__metadata__":' + json.dumps(meta, separators=(",", ":"), ensure_ascii=False) + "," + tensors
             + "}").encode()
@@ -120,6 +132,22 @@ def _hxxh3_pos(buf: bytes | bytearray | memoryview) -> int:
     if field != HXXH3_FIELD[:len(field)]:
         raise HeaderError("kvf.hxxh3 does not follow the version string")  # F-4.2
     return pos + len(HXXH3_FIELD)
+
+
+def sealed_positions(region: bytes | bytearray | memoryview, hx_pos: int) -> tuple[int, int]:
+    """Offsets of the kvf.dxxh3 and kvf.tag digits of a sealed header whose kvf.hxxh3 digits are at ``hx_pos``.
+
+    §12.2 fixes the order of the members after kvf.hxxh3, so the three runs of digits the tag does not
+    cover are found without parsing. Raises HeaderError when a sealed header does not have that order.
+    """
+    d = hx_pos + HEX64_LEN + len(SEAL_AFTER_HXXH3)
+    t = d + HEX64_LEN + len(SEAL_AFTER_DXXH3)
+    if (bytes(region[hx_pos + HEX64_LEN:d]) != SEAL_AFTER_HXXH3
+            or bytes(region[d + HEX64_LEN:t]) != SEAL_AFTER_DXXH3
+            or bytes(region[t + SEAL_TAG_HEX:t + SEAL_TAG_HEX + len(SEAL_AFTER_TAG)]) != SEAL_AFTER_TAG):
+        raise HeaderError("a sealed header must continue kvf.hxxh3 with kvf.codec, kvf.dxxh3, kvf.tag and "
+                          "kvf.seal, in this order")  # F-12.2
+    return d, t
 
 
 def header_length(prefix: bytes | bytearray | memoryview) -> int:
@@ -173,6 +201,10 @@ def decode_header(buf: bytes | bytearray | memoryview, *, file_bytes: int | None
             raise
         raise InvalidJSONError(f"header is not valid UTF-8 JSON: {str(e)[:120]}") from None  # F-4.3
     hdr = _from_parts(meta, tensors, end, stored.decode())
+    if hdr.seal is not None:
+        d, t = sealed_positions(region, pos)  # F-12.2
+        if region[d:d + HEX64_LEN].decode() != hdr.data_xxh3 or region[t:t + SEAL_TAG_HEX].decode() != hdr.seal.tag:
+            raise HeaderError("the sealed header's fixed positions do not hold its kvf.dxxh3 and kvf.tag")  # F-12.2
     if file_bytes is not None:
         if file_bytes < hdr.file_bytes:
             raise TruncatedError("data", hdr.file_bytes, file_bytes)  # F-3.4
@@ -185,8 +217,8 @@ def check_layout(found: CanonicalLayout, expected: CanonicalLayout) -> None:
     """Fail closed: raise LayoutMismatchError naming the first field that differs (spec §9)."""
     from ..errors import LayoutMismatchError
 
-    for f in ("model", "revision", "kv_dtype", "family", "tokens_per_block", "blocks_per_chunk", "tokens_per_hash",
-              "group", "pins"):
+    for f in ("seal", "model", "revision", "kv_dtype", "family", "tokens_per_block", "blocks_per_chunk",
+              "tokens_per_hash", "group", "pins"):
         a, b = getattr(expected, f), getattr(found, f)
         if a != b:
             raise LayoutMismatchError(f, a, b)  # F-9.1
@@ -200,5 +232,5 @@ def check_layout(found: CanonicalLayout, expected: CanonicalLayout) -> None:
                                       b.role_entry(found.kv_dtype))
 
 
-__all__ = ["encode_header", "decode_header", "header_length", "xxh3_hex", "check_layout"]
+__all__ = ["encode_header", "decode_header", "header_length", "xxh3_hex", "check_layout", "sealed_positions"]
 _ = parse_name  # re-exported for symmetry with _spec validators

@@ -8,10 +8,10 @@ import json
 from typing import Any, cast
 
 from ._consts import (
-    CODECS, DTYPE_SIZES, HEX64_LEN, MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, OPAQUE_LAYER, ZSTD_TENSOR, parse_hex,
-    parse_uint,
+    CODECS, DTYPE_SIZES, HEX64_LEN, MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, OPAQUE_LAYER, SEAL_LEVELS, SEALED_TENSOR,
+    ZSTD_TENSOR, parse_hex, parse_uint,
 )
-from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance, with_roles
+from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance, SealFields, with_roles
 from ..errors import InvalidJSONError, OversizedHeaderError, SchemaError
 
 
@@ -110,13 +110,17 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raise SchemaError("kvf.codec", f"expected one of {CODECS}, got {codec[:40]!r}")  # F-4.6
     bpc = parse_uint("kvf.blocks_per_chunk", _meta_str(meta, "kvf.blocks_per_chunk"), minimum=1, maximum=1 << 16)
     entries, data_bytes = tensors
-    if codec == "none":
+    seal, sealed = _seal_fields(meta, codec)
+    if codec == "none" and sealed != "encrypt":
         layers_key: Any = (tensors, bpc)  # identity-hashed: cheap cache key
         raw_xxh3 = data_xxh3 = parse_hex("kvf.dxxh3", _meta_str(meta, "kvf.dxxh3"), HEX64_LEN)
         level = None
     else:
-        if len(entries) != 1 or entries[0][0] != ZSTD_TENSOR or entries[0][1] != "U8" or len(entries[0][2]) != 1:
-            raise SchemaError("tensors", f"a compressed file holds exactly one U8 tensor named {ZSTD_TENSOR}")  # F-6.1
+        # One opaque U8 tensor: the zstd frame (§6) or the ciphertext (§12.3); the layers are in kvf.layers.
+        one = SEALED_TENSOR if sealed == "encrypt" else ZSTD_TENSOR
+        if len(entries) != 1 or entries[0][0] != one or entries[0][1] != "U8" or len(entries[0][2]) != 1:
+            raise SchemaError("tensors", f"{'an encrypted' if sealed else 'a compressed'} file holds exactly one "
+                              f"U8 tensor named {one}")  # F-6.1, F-12.3
         layers_key = _meta_str(meta, "kvf.layers")
         try:
             raw_layers = json.loads(layers_key)
@@ -131,8 +135,11 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         except TypeError:
             raise SchemaError("kvf.layers", "unhashable layer entry") from None
         data_xxh3 = parse_hex("kvf.dxxh3", _meta_str(meta, "kvf.dxxh3"), HEX64_LEN)
-        raw_xxh3 = parse_hex("kvf.raw_xxh3", _meta_str(meta, "kvf.raw_xxh3"), HEX64_LEN)
-        level = parse_uint("kvf.level", _meta_str(meta, "kvf.level"), maximum=22)
+        if sealed:  # §12.3: no checksum of the plaintext is stored (it would tell equal payloads apart)
+            raw_xxh3, level = "", None
+        else:
+            raw_xxh3 = parse_hex("kvf.raw_xxh3", _meta_str(meta, "kvf.raw_xxh3"), HEX64_LEN)
+            level = parse_uint("kvf.level", _meta_str(meta, "kvf.level"), maximum=22)
     try:
         static = tuple(meta.get(k) for k in _STATIC_KEYS)
         layout, prov0 = _static(static, bpc, layers_key)
@@ -140,23 +147,43 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         prov = _with_created(prov0, parse_uint("kvf.created", _meta_str(meta, "kvf.created")))
     except TypeError as e:  # a field of the wrong JSON type reached a dataclass check
         raise SchemaError("__metadata__", str(e)[:120]) from None
-    if codec == "none" and data_bytes != layout.payload_bytes:
+    if codec == "none" and data_bytes != layout.payload_bytes:  # F-4.9; F-12.3: ciphertext is payload-sized
         raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")  # F-4.9
     if codec != "none" and data_bytes > MAX_PAYLOAD_BYTES + (MAX_PAYLOAD_BYTES >> 7) + (1 << 20):
         raise OversizedHeaderError("compressed data bytes", MAX_PAYLOAD_BYTES, data_bytes)
-    min_keys = len(_KNOWN) - len(_OPTIONAL_KEYS) - 3  # less level, raw_xxh3, layers (zstd only)
+    # less level, raw_xxh3, layers (zstd only) and the per-file seal fields
+    min_keys = len(_KNOWN) - len(_OPTIONAL_KEYS) - 3 - len(_SEAL_FILE_KEYS)
     extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > min_keys else {}  # F-7.2
     return BlockHeader(version=version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=data_offset, data_bytes=data_bytes, raw_bytes=layout.payload_bytes,
-                       header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra)
+                       header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra, seal=seal)
+
+
+_SEAL_FILE_KEYS = ("kvf.key_id", "kvf.nonce", "kvf.tag")
+
+
+def _seal_fields(meta: dict[str, Any], codec: str) -> tuple[SealFields | None, str | None]:
+    """The per-file seal fields and the level of a sealed file; (None, None) for a clear one (§12)."""
+    level = meta.get("kvf.seal")
+    present = [k for k in _SEAL_FILE_KEYS if k in meta]
+    if level is None:
+        if present:  # a sealed file stripped of its level must not pass as a clear one
+            raise SchemaError(present[0], "seal fields without kvf.seal")  # F-12.1
+        return None, None
+    if level not in SEAL_LEVELS:
+        raise SchemaError("kvf.seal", f"expected one of {SEAL_LEVELS}, got {level[:40]!r}")  # F-12.1
+    if codec != "none":
+        raise SchemaError("kvf.codec", "a sealed file is not compressed")  # F-12.1
+    return SealFields(key_id=_meta_str(meta, "kvf.key_id"), nonce=_meta_str(meta, "kvf.nonce"),
+                      tag=_meta_str(meta, "kvf.tag")), level
 
 
 # Metadata that is the same for every file of one writer and layout: parsed and validated once (cached),
 # so a read of one more file of a known deployment only parses its per-file fields (key, checksums, time).
 _STATIC_KEYS = ("kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
                 "kvf.tokens_per_hash", "kvf.group", "kvf.tp", "kvf.pp", "kvf.dcp", "kvf.pcp", "kvf.row", "kvf.writer",
-                "kvf.roles", "kvf.pins", "kvf.pp_layers", "kvf.cp_interleave")
-_OPTIONAL_KEYS = ("kvf.revision", "kvf.roles", "kvf.pins", "kvf.pp_layers", "kvf.cp_interleave")
+                "kvf.roles", "kvf.pins", "kvf.pp_layers", "kvf.cp_interleave", "kvf.seal")
+_OPTIONAL_KEYS = ("kvf.revision", "kvf.roles", "kvf.pins", "kvf.pp_layers", "kvf.cp_interleave", "kvf.seal")
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,7 +197,7 @@ def _static(values: tuple[str | None, ...], bpc: int, layers_key: Any) -> tuple[
         tokens_per_block=parse_uint("kvf.tokens_per_block", m["kvf.tokens_per_block"], minimum=1),
         blocks_per_chunk=bpc, tokens_per_hash=parse_uint("kvf.tokens_per_hash", m["kvf.tokens_per_hash"], minimum=1),
         group=parse_uint("kvf.group", m["kvf.group"], maximum=1 << 16), layers_key=layers_key,
-        roles=m["kvf.roles"], pins=m["kvf.pins"])
+        roles=m["kvf.roles"], pins=m["kvf.pins"], seal=m["kvf.seal"])
     prov = Provenance(tp=parse_uint("kvf.tp", m["kvf.tp"], minimum=1), pp=parse_uint("kvf.pp", m["kvf.pp"], minimum=1),
                       dcp=parse_uint("kvf.dcp", m["kvf.dcp"], minimum=1),
                       pcp=parse_uint("kvf.pcp", m["kvf.pcp"], minimum=1),
@@ -199,7 +226,7 @@ _KNOWN = frozenset({"kvformat", "kvf.hxxh3", "kvf.codec", "kvf.dxxh3", "kvf.leve
              "kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
              "kvf.blocks_per_chunk", "kvf.tokens_per_hash", "kvf.group", "kvf.key", "kvf.tp", "kvf.pp", "kvf.dcp",
              "kvf.pcp", "kvf.row", "kvf.writer", "kvf.created", "kvf.roles", "kvf.pins", "kvf.pp_layers",
-             "kvf.cp_interleave"})
+             "kvf.cp_interleave", "kvf.seal", "kvf.key_id", "kvf.nonce", "kvf.tag"})
 
 
 def _layers_from_key(layers_key: Any) -> tuple[LayerSpec, ...]:

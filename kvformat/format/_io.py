@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ._block import decode, encode_block
 from ._read import FileSource, read_header_from, read_payload_from
+from ._seal import Keyring
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
 from ._write import write_atomic
 from ..errors import KVFormatError
@@ -27,17 +28,19 @@ def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
 
 def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayout, key: BlockKey, *,
               provenance: Provenance | None = None, codec: str = "none", level: int = 3,
-              fsync: bool = False) -> BlockHeader:
+              fsync: bool = False, keys: Keyring | None = None) -> BlockHeader:
     """Write one kvformat file atomically.
 
     Parameters
     ----------
     payload: the canonical payload (bytes-like, CPU tensor, or ``{layer name: tensor}``).
     path: destination file.
-    layout, key: what the payload is (the header records both).
+    layout, key: what the payload is (the header records both). A layout with ``seal`` set
+        (``layout.with_seal("encrypt")``) writes a sealed file (spec §12).
     provenance: who wrote it (informational).
-    codec, level: ``"none"`` or ``"zstd"`` and its level.
+    codec, level: ``"none"`` or ``"zstd"`` and its level (sealed files are not compressed).
     fsync: fsync the file and its directory before returning.
+    keys: the keyring whose write key seals the file (sealed layouts only).
 
     Returns
     -------
@@ -49,7 +52,7 @@ def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayou
     """
     prov = provenance or Provenance(writer=_writer(), created=int(time.time()))
     hdr, data, info = encode_block(_as_payload(payload, layout), layout, key, provenance=prov, codec=codec,
-                                   level=level)
+                                   level=level, keys=keys)
     write_atomic(os.fspath(path), [hdr, data], fsync=fsync)
     return info
 
@@ -74,54 +77,74 @@ def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHe
 
 
 def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
-              key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
+              key: BlockKey | None = None, verify: bool = True, o_direct: bool = False,
+              keys: Keyring | None = None) -> BlockHeader:
     """Read a file's payload straight into ``out`` (memoryview, mmap slice, bytearray, CPU tensor).
 
     The header is checked (and against ``expect``/``key`` when given) before ``out`` is touched.
     Any failure after that (checksum, zstd frame, short read, with or without ``verify``) zero-fills
     ``out[:payload_bytes]`` before raising: wrong bytes never stay in the destination. ``o_direct``
     reads page-aligned parts with O_DIRECT on the same descriptor when the filesystem allows it
-    (falls back to buffered reads otherwise).
+    (falls back to buffered reads otherwise). A sealed file needs ``keys`` holding the key it names
+    (else UnknownKeyError, ``out`` untouched); its tag is always checked (TagMismatchError, ``out`` zeroed).
 
     Returns the header. Raises KVFormatError subclasses (``path`` set); OSError passes through.
     """
     p = os.fspath(path)
     try:
         with FileSource(p, o_direct=o_direct) as src:
-            return read_payload_from(src, out, expect=expect, key=key, verify=verify)
+            return read_payload_from(src, out, expect=expect, key=key, verify=verify, keys=keys)
     except KVFormatError as e:
         raise e.with_path(p) from None  # the same error, now naming its file
 
 
+def verify_file(path: str | os.PathLike[str], *, keys: Keyring | None = None) -> BlockHeader:
+    """Check every byte of a file as a load would, without delivering it (maintenance: verify, inspect).
+
+    A sealed file is authenticated when ``keys`` holds its key (UnknownKeyError when ``keys`` is given
+    but does not); without ``keys`` it is checked as far as no key allows: header and stored-data
+    checksums. Returns the header; raises KVFormatError subclasses (``path`` set), OSError passes through.
+    """
+    p = os.fspath(path)
+    try:
+        with FileSource(p) as src:
+            hdr = read_header_from(src, True)
+            return read_payload_from(src, bytearray(hdr.raw_bytes), verify=True, keys=keys, stored_only=keys is None)
+    except KVFormatError as e:
+        raise e.with_path(p) from None
+
+
 def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
-              verify: bool = True) -> dict[str, Any]:
+              verify: bool = True, keys: Keyring | None = None) -> dict[str, Any]:
     """safetensors-style: ``{layer name: torch.Tensor}`` of shape ``(blocks_per_chunk, *layer.shape)``.
 
-    Packed dtypes come back as uint8 (the header's ``kv_dtype`` says what they hold).
+    Packed dtypes come back as uint8 (the header's ``kv_dtype`` says what they hold). A sealed file
+    needs ``keys`` (see :func:`read_into`).
     """
     from ..torch import empty_payload, tensors_from_payload
 
     hdr = read_header(path, verify=False)
     buf = empty_payload(hdr.raw_bytes)
-    hdr = read_into(path, buf, expect=expect, key=key, verify=verify)
+    hdr = read_into(path, buf, expect=expect, key=key, verify=verify, keys=keys)
     return tensors_from_payload(buf, hdr.layout)
 
 
 class BlockFile:
     """An open kvformat file: ``header`` now, payload on demand. Use as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True, keys: Keyring | None = None) -> None:
         self.path = os.fspath(path)
         self._verify = verify
+        self._keys = keys
         self.header = read_header(self.path, verify=verify)
 
     def read_into(self, out: Any, **kw: Any) -> BlockHeader:
         """See :func:`kvformat.read_into`."""
-        return read_into(self.path, out, verify=self._verify, **kw)
+        return read_into(self.path, out, verify=self._verify, **{"keys": self._keys, **kw})
 
     def tensors(self) -> dict[str, Any]:
         """See :func:`kvformat.load_file`."""
-        return load_file(self.path, verify=self._verify)
+        return load_file(self.path, verify=self._verify, keys=self._keys)
 
     def __enter__(self) -> "BlockFile":
         return self
@@ -130,9 +153,9 @@ class BlockFile:
         return None
 
 
-def open_block(path: str | os.PathLike[str], *, verify: bool = True) -> BlockFile:
+def open_block(path: str | os.PathLike[str], *, verify: bool = True, keys: Keyring | None = None) -> BlockFile:
     """Open a kvformat file and check its header. See :class:`BlockFile`."""
-    return BlockFile(path, verify=verify)
+    return BlockFile(path, verify=verify, keys=keys)
 
 
 _ = decode  # decode(bytes) is the in-memory twin of read_into

@@ -9,10 +9,11 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from ._block import as_bytes_view, check_expected, invalidate, verify_data
+from ._block import as_bytes_view, check_expected, invalidate, unseal_into, verify_data
 from ._header import decode_header, header_length
 from ._consts import ALIGNMENT
 from ._files import read_exact as _read_exact
+from ._seal import Keyring, key_for
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
 from ..errors import DestinationError, KVFormatError, LayoutMismatchError, NotKVFormatError, TruncatedError
 
@@ -81,6 +82,7 @@ class FileSource:
         self.size = self.ident.size
         self.o_direct = o_direct and bool(_O_DIRECT)
         self.direct_bytes = 0
+        self.header_region = b""  # set by read_header_from
 
     def pread(self, offset: int, n: int) -> bytearray:
         """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
@@ -152,6 +154,7 @@ class BytesSource:
         self.size = len(self._mv) if size is None else int(size)
         self.etag = etag
         self.path = ""
+        self.header_region = b""  # set by read_header_from
 
     def identity(self) -> FileId:
         """The object read: its ETag, else its size and the xxh3 of the held bytes (computed on demand: only a
@@ -188,7 +191,11 @@ Source = FileSource | BytesSource
 
 
 def read_header_from(src: Source, verify: bool = True) -> BlockHeader:
-    """Read and check the header region of ``src`` (spec §11 steps 1-3, F-3.3). The one header reader."""
+    """Read and check the header region of ``src`` (spec §11 steps 1-3, F-3.3). The one header reader.
+
+    ``src.header_region`` keeps the bytes the header was parsed from: a sealed file's tag is checked over
+    exactly these (a second read could meet other bytes, written in place meanwhile, than the ones parsed).
+    """
     size = src.size
     first = bytes(src.pread(0, min(FIRST_READ, size)))
     end = header_length(first)
@@ -196,20 +203,29 @@ def read_header_from(src: Source, verify: bool = True) -> BlockHeader:
         if end > size:
             raise TruncatedError("header", end, size)  # F-3.3
         first += bytes(src.pread(len(first), end - len(first)))
+    src.header_region = first[:end]
     return decode_header(first, file_bytes=size, verify=verify)
 
 
 def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
-                      verify: bool = True) -> BlockHeader:
+                      verify: bool = True, keys: Keyring | None = None, stored_only: bool = False) -> BlockHeader:
     """The read pipeline every reader shares (``kvformat.read_into`` and every ``Store``).
 
-    Header, schema, file length, ``expect`` and ``key`` are checked before ``out`` is touched; after
-    that, ANY failure (short read, data checksum, zstd frame with or without ``verify``, decoded
-    checksum, an OSError mid-read) zero-fills ``out[:payload_bytes]`` before raising (F-5.5, G-1.2).
+    Header, schema, file length, ``expect`` and ``key`` (and, for a sealed file, that ``keys`` holds its
+    key) are checked before ``out`` is touched; after that, ANY failure (short read, data checksum, zstd
+    frame with or without ``verify``, decoded checksum, authentication tag, an OSError mid-read)
+    zero-fills ``out[:payload_bytes]`` before raising (F-5.5, G-1.2).
+
+    ``stored_only`` (keyless maintenance: verify, inspect): a sealed file is checked as far as no key
+    allows, its stored bytes (the ciphertext of ``encrypt``) against kvf.dxxh3, and those land in ``out``.
     """
     dst = as_bytes_view(out, writable=True)
     hdr = read_header_from(src, verify)
+    region = src.header_region
     check_expected(hdr, expect, key)
+    sealed = hdr.seal is not None and not stored_only
+    if sealed:
+        key_for(hdr, keys)  # F-12.5: UnknownKeyError before the destination is touched
     if len(dst) < hdr.raw_bytes:
         if expect is not None:  # the file is what the caller expects: the caller's buffer is at fault, not the
             # file (never a kvformat error, so no handler of bad files condemns the file for it)
@@ -223,7 +239,9 @@ def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None =
             if got != hdr.data_bytes:
                 raise TruncatedError("data", hdr.data_bytes, got)
             if verify:
-                verify_data(hdr, dst, None)  # F-5.2
+                verify_data(hdr, dst, None)  # F-5.2 (of the stored bytes: an accident shows here, not as a forgery)
+            if sealed:
+                unseal_into(hdr, region, dst, keys)  # F-12.6
         else:
             data = src.pread(hdr.data_offset, hdr.data_bytes)
             if verify:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ._consts import (
-    DEFAULT_ROLE, DTYPE_SIZES, FORM_ORDERS, FORM_PIN, FORM_UNKNOWN, FORMAT_MAJOR, FORMAT_VERSION, FORMAT_VERSION_BASE,
-    MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, ROLES, ROW_LAYOUTS, parse_hex, parse_name, parse_uint,
+    DEFAULT_ROLE, DTYPE_SIZES, FORM_ORDERS, FORM_PIN, FORM_UNKNOWN, FORMAT_MAJOR, FORMAT_VERSION_BASE,
+    FORMAT_VERSION_ROLES, FORMAT_VERSION_SEAL, MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, ROLES, ROW_LAYOUTS,
+    SEAL_KEY_ID_HEX, SEAL_LEVELS, SEAL_NONCE_HEX, SEAL_TAG_HEX, parse_hex, parse_name, parse_uint,
 )
 # Named here too for the modules that import them from this one (layout, staging).
 from ._consts import ALIGNMENT as ALIGNMENT, OPAQUE_LAYER as OPAQUE_LAYER, st_dtype_for as st_dtype_for
@@ -110,8 +111,13 @@ class CanonicalLayout:
     # §9: more identity (weight quantization, the writer's row order for an opaque layout, …): every
     # input that changes the bytes for the same tokens and is not already a field above.
     pins: Mapping[str, str] = field(default_factory=dict)
+    # §12: "authenticate" or "encrypt" for a sealed file, None for a clear one. Part of the identity, so
+    # sealed and clear files (and the two levels) never share a namespace.
+    seal: str | None = None
 
     def __post_init__(self) -> None:
+        if self.seal is not None and self.seal not in SEAL_LEVELS:
+            raise SchemaError("kvf.seal", f"expected one of {SEAL_LEVELS}, got {str(self.seal)[:40]!r}")  # F-12.1
         parse_name("model", self.model)
         parse_name("kv_dtype", self.kv_dtype)
         parse_name("family", self.family)
@@ -207,7 +213,18 @@ class CanonicalLayout:
     @functools.cached_property
     def version(self) -> str:
         """The format version a writer records for files of this layout (§7)."""
-        return FORMAT_VERSION if (self.has_roles or self.pins) else FORMAT_VERSION_BASE
+        if self.seal is not None:
+            return FORMAT_VERSION_SEAL
+        return FORMAT_VERSION_ROLES if (self.has_roles or self.pins) else FORMAT_VERSION_BASE
+
+    def with_seal(self, seal: str | None) -> "CanonicalLayout":
+        """This layout with another seal level (``None``: clear). A new layout, hence a new namespace."""
+        if seal == self.seal:
+            return self
+        return CanonicalLayout(model=self.model, kv_dtype=self.kv_dtype, tokens_per_block=self.tokens_per_block,
+                               blocks_per_chunk=self.blocks_per_chunk, tokens_per_hash=self.tokens_per_hash,
+                               layers=self.layers, family=self.family, revision=self.revision, group=self.group,
+                               pins=self.pins, seal=seal)
 
     @functools.cached_property
     def _layers_json(self) -> str:
@@ -217,7 +234,7 @@ class CanonicalLayout:
     def identity(self) -> dict[str, Any]:
         """The TP-invariant identity that names the namespace (spec §9). No tp/pp/rank/row layout.
 
-        ``roles`` and ``pins`` appear only when used, so a 1.0 layout keeps its namespace.
+        ``roles``, ``pins`` and ``seal`` appear only when used, so a 1.0 layout keeps its namespace.
         """
         ident = {
             "format_major": FORMAT_MAJOR,
@@ -235,6 +252,8 @@ class CanonicalLayout:
             ident["roles"] = [l.role_entry(self.kv_dtype) for l in self.layers]
         if self.pins:
             ident["pins"] = dict(self.pins)
+        if self.seal is not None:
+            ident["seal"] = self.seal  # §12: how files are sealed, never which key
         return ident
 
     @functools.cached_property
@@ -258,6 +277,8 @@ class CanonicalLayout:
             d["roles"] = [l.role_entry(self.kv_dtype) for l in self.layers]
         if self.pins:
             d["pins"] = dict(self.pins)
+        if self.seal is not None:
+            d["seal"] = self.seal
         return d
 
     @classmethod
@@ -269,7 +290,8 @@ class CanonicalLayout:
             return cls(model=d["model"], kv_dtype=d["kv_dtype"], tokens_per_block=d["tokens_per_block"],
                        blocks_per_chunk=d["blocks_per_chunk"], tokens_per_hash=d["tokens_per_hash"],
                        layers=layers, family=d.get("family", "mla"),
-                       revision=d.get("revision"), group=d.get("group", 0), pins=d.get("pins") or {})
+                       revision=d.get("revision"), group=d.get("group", 0), pins=d.get("pins") or {},
+                       seal=d.get("seal"))
         except KeyError as e:
             raise SchemaError(str(e.args[0]), "missing") from None
 
@@ -354,6 +376,24 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class SealFields:
+    """The per-file fields of a sealed file (spec §12): which key, the nonce its file key is derived from,
+    and the authentication tag. The level is the layout's (``CanonicalLayout.seal``)."""
+
+    key_id: str
+    nonce: str
+    tag: str
+
+    def __post_init__(self) -> None:
+        parse_hex("kvf.key_id", self.key_id, SEAL_KEY_ID_HEX)  # F-12.2
+        parse_hex("kvf.nonce", self.nonce, SEAL_NONCE_HEX)  # F-12.2
+        parse_hex("kvf.tag", self.tag, SEAL_TAG_HEX)  # F-12.2: a truncated tag is refused, never compared
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key_id": self.key_id, "nonce": self.nonce, "tag": self.tag}
+
+
+@dataclass(frozen=True)
 class BlockHeader:
     """Everything the header of one file says (spec §4), plus where its regions are."""
 
@@ -367,9 +407,10 @@ class BlockHeader:
     raw_bytes: int  # decoded payload bytes (== layout.payload_bytes)
     header_xxh3: str
     data_xxh3: str
-    raw_xxh3: str  # xxh3 of the decoded payload (== data_xxh3 when codec is none)
+    raw_xxh3: str  # xxh3 of the decoded payload (== data_xxh3 when codec is none; "" when encrypted, §12.3)
     level: int | None = None
     extra: Mapping[str, str] = field(default_factory=dict)  # unknown kvf.* keys of a newer minor
+    seal: SealFields | None = None  # §12: present exactly when layout.seal is
 
     @property
     def file_bytes(self) -> int:
@@ -387,6 +428,7 @@ class BlockHeader:
             "codec": self.codec, "level": self.level, "data_offset": self.data_offset, "data_bytes": self.data_bytes,
             "raw_bytes": self.raw_bytes, "file_bytes": self.file_bytes,
             "checksums": {"header_xxh3": self.header_xxh3, "data_xxh3": self.data_xxh3, "raw_xxh3": self.raw_xxh3},
+            **({"seal": {"level": self.layout.seal, **self.seal.to_dict()}} if self.seal is not None else {}),
         }
 
 

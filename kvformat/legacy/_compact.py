@@ -11,6 +11,7 @@ skips what was done and produces the same tree as one clean run.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
@@ -21,6 +22,8 @@ from typing import Any, Protocol
 
 from ._convert import WRITER, Converter, FileResult, Task
 from ..format._header import encode_header
+from ..format._seal import Keyring
+from ..format._spec import SealFields
 from ..format._paths import NAMESPACE_FILE, block_relpath
 from ..errors import LegacyLayoutError, UsageError
 from ._rows import (
@@ -112,8 +115,9 @@ class CompactReport:
 
 def output_header_bytes(row: RowLayout, f: LegacyFile) -> int:
     """Bytes of the header region compact writes for ``f`` (what inspect's "compacted" size adds per file)."""
+    seal = SealFields("0" * 16, "0" * 48, "0" * 32) if row.layout.seal else None  # same lengths as the real ones
     hdr = encode_header(row.layout, key_for(f), provenance_for(row, int(f.mtime), WRITER), codec="none",
-                        data_bytes=row.layout.payload_bytes, data_xxh3="0" * 16, raw_xxh3="0" * 16)
+                        data_bytes=row.layout.payload_bytes, data_xxh3="0" * 16, raw_xxh3="0" * 16, seal=seal)
     return len(hdr)
 
 
@@ -157,13 +161,17 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
             page_bytes: int | None = None, codec: str = "none", level: int = 3, fsync: bool = False,
             mode: int | None = None, progress: CompactProgress | None = None,
             pp_layers: tuple[int, ...] | None = None, cp_interleave: int | None = None,
-            platform: str | None = None) -> CompactReport:
+            platform: str | None = None, seal: str | None = None, keys: Keyring | None = None) -> CompactReport:
     """Compact the legacy root ``src`` into the kvformat root ``dst``. See the module docstring.
 
     ``pp_layers`` / ``cp_interleave`` / ``platform``: a pipeline-parallel writer's partition, a DCP writer's
     token interleave (required for a DCP tree) and the writer's platform (required when it decides the bytes:
     FP8 caches, the DSA indexer), none of which config.json records (:func:`kvformat.legacy.infer_row` checks
     them).
+
+    ``seal`` (``"authenticate"`` or ``"encrypt"``): write sealed files (spec §12) under ``keys.write_key``;
+    existing outputs are opened with any key of ``keys``. Sealed outputs differ byte-wise between runs (each
+    file has a fresh random nonce); a re-run still skips every valid output.
 
     ``progress`` (optional) gets the total, each file and the failure lines.
     ``mode``: exact permission bits of the files written (directories created get ``dir_mode(mode)``);
@@ -172,24 +180,30 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
     Raises LegacyLayoutError when ``src`` is not a legacy root; OSError passes through.
     """
     check_destination(src, dst)
+    if seal is not None and (keys is None or codec != "none"):
+        raise UsageError("--seal needs --key (the key the outputs are sealed under) and --codec none "
+                         "(sealed files are not compressed)")
     if mode is None or dry_run:
         return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
                         codec=codec, level=level, fsync=fsync, mode=None, progress=progress or _Silent(),
-                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform})
+                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform},
+                        seal=seal, keys=keys)
     # A umask no wider than the mode while writing: a file or directory is never created more open than
     # asked, not even between its creation and the chmod. The CLI is its own process; restored after.
     old = os.umask(0o777 & ~dir_mode(mode))
     try:
         return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
                         codec=codec, level=level, fsync=fsync, mode=mode, progress=progress or _Silent(),
-                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform})
+                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform},
+                        seal=seal, keys=keys)
     finally:
         os.umask(old)
 
 
 def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: bool, page_bytes: int | None,
              codec: str, level: int, fsync: bool, mode: int | None, progress: CompactProgress,
-             hints: dict[str, Any] | None = None) -> CompactReport:
+             hints: dict[str, Any] | None = None, seal: str | None = None,
+             keys: Keyring | None = None) -> CompactReport:
     t0 = time.monotonic()
     skipped: list[Ignored] = []
     cfg_errors: list[LegacyLayoutError] = []
@@ -215,6 +229,8 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
                 for f in gfiles:
                     rep.ignored.append(Ignored(f.path, f"row layout unknown: {e.message}"))
                 continue
+            if seal is not None:  # spec §12: the seal level is part of the output namespace
+                row = dataclasses.replace(row, layout=row.layout.with_seal(seal))
             hdr_bytes = output_header_bytes(row, gfiles[0])
             n_ok = 0
             for f in gfiles:
@@ -252,7 +268,8 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
         return rep
 
     assert store is not None
-    worker = Converter(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode)
+    worker = Converter(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode,
+                       keys=keys)
     bar = progress
     bar.add_total(len(tasks), sum(t.file.size for t in tasks))
     for ig in rep.ignored:

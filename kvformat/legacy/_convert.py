@@ -17,6 +17,7 @@ from typing import Any
 
 from .._version import __version__
 from ..format._files import read_exact
+from ..format._seal import Keyring
 from ..errors import KVFormatError, ReplicaMismatchError
 from ._rows import LegacyFile, RowLayout, extract_payload, key_for, provenance_for
 from ..storage import LocalStore, Store
@@ -57,6 +58,7 @@ class Converter:
     delete_source: bool
     fsync: bool
     mode: int | None = None
+    keys: Keyring | None = None  # sealed outputs (spec §12): the first key seals, every key opens
 
     def __post_init__(self) -> None:
         self._tls = threading.local()
@@ -78,7 +80,7 @@ class Converter:
         try:
             if full:
                 hdr = self.store.read_into(t.rel, self._out_buf(t.row.layout.payload_bytes), expect=t.row.layout,
-                                           key=key_for(t.file), verify=True)
+                                           key=key_for(t.file), verify=True, keys=self.keys)
             else:
                 hdr = self.store.read_header(t.rel, verify=True)
         except FileNotFoundError:
@@ -122,7 +124,8 @@ class Converter:
                 payload = extract_payload(row, buf, path=f.path)
                 prov = provenance_for(row, int(st.st_mtime), WRITER)
                 rel, n, _ = self.store.put_block(payload, row.layout, key_for(f), provenance=prov, codec=self.codec,
-                                                 level=self.level, fsync=self.fsync, overwrite=existing)
+                                                 level=self.level, fsync=self.fsync, overwrite=existing,
+                                                 keys=self.keys)
             finally:
                 if mm is not None:
                     payload = buf = None  # type: ignore[assignment]  # views must go before the map closes

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..format._block import as_bytes_view, encode
 from ..format._read import BytesSource, FileId, FileSource, read_header_from, read_payload_from
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, block_relpath
+from ..format._seal import Keyring
 from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, namespace_doc
 from ..errors import KVFormatError
 
@@ -157,24 +158,27 @@ class Store(abc.ABC):
 
     # -- shared public methods ------------------------------------------------------------------
     def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
-                  key: BlockKey | None = None, verify: bool = True) -> BlockHeader:
+                  key: BlockKey | None = None, verify: bool = True, keys: Keyring | None = None) -> BlockHeader:
         """Read and check a file, payload into ``out``. KVFormatError on bad bytes, OSError passes.
 
         ``out`` is untouched unless the header, layout and key passed; after that any failure
-        leaves ``out[:payload_bytes]`` zeroed.
+        leaves ``out[:payload_bytes]`` zeroed. A sealed file is opened with ``keys`` (spec §12).
         """
-        r = self.read_many_into([(relpath, out, key)], expect=expect, verify=verify)[0]
+        r = self.read_many_into([(relpath, out, key)], expect=expect, verify=verify, keys=keys)[0]
         if isinstance(r, BaseException):
             raise r
         return r
 
     def read_many_into(self, items: Sequence[tuple[str, Any, BlockKey | None]], *,
                        expect: CanonicalLayout | None = None, verify: bool = True,
-                       timeout_s: float | None = None) -> builtins.list[BlockHeader | BaseException]:
+                       timeout_s: float | None = None, keys: Keyring | None = None,
+                       stored_only: bool = False) -> builtins.list[BlockHeader | BaseException]:
         """Read many files, each into its ``out`` (concurrently where the backend can).
 
         Per item the header or the exception (KVFormatError with ``path`` set, OSError, or ValueError
-        for an unusable destination). Each ``out`` follows :meth:`read_into`'s rules.
+        for an unusable destination). Each ``out`` follows :meth:`read_into`'s rules. ``stored_only``
+        (maintenance without keys): sealed files are checked against their stored-data checksum only and
+        ``out`` receives their stored bytes (spec §12.6); never for serving.
         """
         self._live()
         rels = [r for r, _, _ in items]
@@ -184,7 +188,7 @@ class Store(abc.ABC):
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
             res[i] = self._one(rel, src, functools.partial(_read_payload, out=out, expect=expect, key=key,
-                                                           verify=verify))
+                                                           verify=verify, keys=keys, stored_only=stored_only))
         return res  # type: ignore[return-value]
 
     def read_header(self, relpath: str, *, verify: bool = True, check: HeaderCheck | None = None) -> BlockHeader:
@@ -314,14 +318,16 @@ class Store(abc.ABC):
 
     def put_block(self, payload: Any, layout: CanonicalLayout, key: BlockKey, *,
                   provenance: Provenance | None = None, codec: str = "none", level: int = 3,
-                  fsync: bool = False, overwrite: bool = False) -> tuple[str, int, bool]:
-        """Encode and store one block at its canonical path. Returns (relpath, file bytes, written).
+                  fsync: bool = False, overwrite: bool = False,
+                  keys: Keyring | None = None) -> tuple[str, int, bool]:
+        """Encode and store one block at its canonical path (sealed under ``keys`` when ``layout.seal``).
+        Returns (relpath, file bytes, written).
 
         The block's namespace gets its ``namespace.json`` first (once per store and namespace), so a root
         written only through this call is one that ``kvformat inspect``/``verify``/``gc`` accept.
         """
         rel = block_relpath(layout, key)
-        hdr, data = encode(payload, layout, key, provenance=provenance, codec=codec, level=level)
+        hdr, data = encode(payload, layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
         self._namespace_once(layout)
         wrote = self.put(rel, [hdr, data], overwrite=overwrite, fsync=fsync)
         return rel, len(hdr) + len(data), wrote
@@ -368,6 +374,7 @@ def _read_checked(src: Any, *, rel: str, verify: bool, check: HeaderCheck | None
     return hdr
 
 
-def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool) -> BlockHeader:
+def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool, keys: Keyring | None,
+                  stored_only: bool) -> BlockHeader:
     # One bound call per item (a lambda in the loop would see the loop's last item when called later).
-    return read_payload_from(src, out, expect=expect, key=key, verify=verify)
+    return read_payload_from(src, out, expect=expect, key=key, verify=verify, keys=keys, stored_only=stored_only)

@@ -23,7 +23,9 @@ from ..format._header import encode_header, xxh3_hex
 from ..format._write import TMP_PREFIX
 from ..format._paths import block_relpath
 from ..format._spec import BlockKey, CanonicalLayout
-from ..errors import ChecksumError, CodecError, KVFormatError, LayoutMismatchError, TruncatedError
+from ..errors import (
+    ChecksumError, CodecError, KVFormatError, LayoutMismatchError, TagMismatchError, TruncatedError, UnknownKeyError,
+)
 from ..storage import LocalStore, Store
 
 MODEL = "deepseek-ai/DeepSeek-V2-Lite"
@@ -196,6 +198,39 @@ class StoreTests:
             with pytest.raises(CodecError):
                 store.read_into(rel, out, expect=L, key=key(6), verify=verify)
             assert out == bytes(L.payload_bytes) + bytes([SENTINEL]) * 512
+
+    @pytest.mark.parametrize("level", ["authenticate", "encrypt"])
+    def test_sealed(self, store: Store, level: str) -> None:
+        """Spec §12 on this backend: a sealed block round-trips with its key; without it nothing is delivered;
+        bytes altered with the checksums recomputed (what anyone can do) fail the tag and are zeroed."""
+        from ..format._seal import Keyring
+
+        keys = Keyring.of([hashlib.sha256(b"store-tests seal key").digest()])
+        L = layout().with_seal(level)
+        pay = payload(L, 8)
+        rel, _, wrote = store.put_block(pay, L, key(8), keys=keys)
+        assert wrote and rel == block_relpath(L, key(8))
+        stored = self.raw_read(store, rel)
+        hdr = store.read_header(rel)  # no key needed for the header
+        assert hdr.seal is not None and hdr.seal.key_id == keys.write_key.key_id
+        assert (stored[hdr.data_offset:] == pay.tobytes()) == (level == "authenticate")
+        out = bytearray(L.payload_bytes)
+        assert store.read_into(rel, out, expect=L, key=key(8), keys=keys) == hdr and bytes(out) == pay.tobytes()
+        out = bytearray([SENTINEL]) * L.payload_bytes
+        with pytest.raises(UnknownKeyError):
+            store.read_into(rel, out, expect=L, key=key(8))
+        assert out == bytearray([SENTINEL]) * L.payload_bytes  # F-12.5: untouched
+        raw = bytearray(stored)
+        raw[-100] ^= 0x01
+        d = raw.index(b'"kvf.dxxh3":"') + 13
+        raw[d:d + 16] = xxh3_hex(bytes(raw[hdr.data_offset:])).encode()
+        h = raw.index(b'"kvf.hxxh3":"') + 13
+        raw[h:h + 16] = b"0" * 16
+        raw[h:h + 16] = xxh3_hex(bytes(raw[:hdr.data_offset])).encode()
+        self.raw_write(store, rel, bytes(raw))
+        with pytest.raises(TagMismatchError):
+            store.read_into(rel, out, expect=L, key=key(8), keys=keys, verify=False)
+        assert out == bytes(L.payload_bytes)  # F-12.6 with F-5.5: zeroed
 
     def test_truncated_and_garbage(self, store: Store) -> None:
         L = layout()

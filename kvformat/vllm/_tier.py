@@ -57,6 +57,7 @@ from ..cache._lru import LRUIndex
 from ..cache._pool import DualPool
 from ..cache._jobs import CounterReport, Job, JobBook, shutdown_bounded
 from ..cache._rows import RowEngine
+from ..cache._sealing import sealed_plans
 from ..errors import SchemaError
 from ..storage import open_store
 
@@ -82,6 +83,10 @@ _COUNTER_DOCS = {
                          "chunks already on storage).",
     "missing_files": "Files gone at load time (deleted by another instance or by hand).",
     "io_errors": "Loads that failed with an OS error (served as misses).",
+    "seal_failures": "Sealed files whose checksums held but whose authentication tag did not (written without "
+                     "the key, or altered): quarantined, served as misses.",
+    "unknown_key_files": "Sealed files under a key this tier does not hold (another deployment's, or a key not "
+                         "configured): served as misses, left in place.",
 }
 _GAUGE_DOCS = {
     "used_bytes": "Bytes of kvformat files under the root, as this tier accounts them.",
@@ -124,6 +129,11 @@ class KVFormatTier(SecondaryTierManager):
     storage_options: dict passed to the storage backend (remote roots).
     enable_kv_events: emit stored/removed KV events (when vLLM's KV events are on); default false.
     locality: ``"LOCAL"`` or ``"REMOTE"`` (passed by vLLM's factory; reported on events).
+    seal: ``"off"`` (default), ``"authenticate"`` (every file carries an AES-GCM tag under the deployment
+        key: a file written without the key is never loaded) or ``"encrypt"`` (the payload is encrypted
+        too). spec/FORMAT.md §12, docs/sealed.md.
+    seal_key: the key new files are sealed under: a key file path or ``env:NAME`` (never the key itself).
+    seal_read_keys: more key sources accepted for reading only (key rotation).
 
     Raises
     ------
@@ -148,7 +158,8 @@ class KVFormatTier(SecondaryTierManager):
                  compression_level: int = 3, verify: bool = True, max_bytes: int | str | None = None,
                  o_direct: str = "off", fsync: bool = False, replica_policy: str = "verify",
                  model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
-                 enable_kv_events: bool = False, locality: str | None = None,
+                 enable_kv_events: bool = False, locality: str | None = None, seal: str = "off",
+                 seal_key: str | None = None, seal_read_keys: list[str] | None = None,
                  backpressure_detector: "BackpressureDetector | None" = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.config = TierConfig.parse(root, read_threads=read_threads, write_threads=write_threads,
@@ -156,9 +167,10 @@ class KVFormatTier(SecondaryTierManager):
                                        max_bytes=max_bytes, o_direct=o_direct, fsync=fsync,
                                        replica_policy=replica_policy, model_revision=model_revision,
                                        storage_options=storage_options, enable_kv_events=enable_kv_events,
-                                       locality=locality)
+                                       locality=locality, seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys)
         self.locality = Locality(locality) if locality is not None else None
         self.plans, self.facts = derive_plans(offloading_spec, model_revision)
+        self.plans = sealed_plans(self.plans, self.config)  # the namespace says how files are sealed
         self.copies, self.row_kind = self.facts.copies, self.facts.row
         if self.config.replica_policy == "trust_rank0" and self.copies > 1 and not self.facts.replicated_kv_known:
             raise SchemaError("replica_policy", "trust_rank0 stores worker 0's slot unchecked, but nothing vLLM "
