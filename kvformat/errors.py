@@ -24,6 +24,7 @@ __all__ = [
     "ReplicaMismatchError",
     "LegacyLayoutError",
     "UsageError",
+    "RootUnusableError",
     "StagingError",
     "StagingTimeoutError",
     "StagingConflictError",
@@ -149,6 +150,19 @@ class UsageError(KVFormatError, ValueError):
 
     The CLI exits with code 2 on it. Also a ``ValueError``, as a bad argument value is in Python.
     """
+
+
+class RootUnusableError(UsageError):
+    """A cache root that cannot be used as configured: the start-up probe (create, write, publish, read back,
+    delete one object) failed. ``field`` names the parameter to fix (``root``, ``storage_options``,
+    ``storage_options.endpoint_url`` …), ``step`` the probe step that failed, ``cause`` the storage error."""
+
+    def __init__(self, field: str, message: str, *, step: str | None = None, cause: BaseException | None = None,
+                 path: str | None = None) -> None:
+        self.field = field
+        self.step = step
+        self.cause = cause
+        super().__init__(f"{field}: {message}", path=path)
 
 
 class StagingError(KVFormatError, ValueError):
