@@ -30,16 +30,17 @@ class CacheLog:
         # reason -> [monotonic time of the last line logged, occurrences suppressed since]
         self._last: dict[str, list[float]] = {}
 
+    # stacklevel: the file and line a handler shows (vLLM's "[file:line]") are the caller's, not this module's.
     def info(self, msg: str, *args: Any) -> None:
-        self.logger.info(f"{self.prefix}: {msg}", *args)
+        self.logger.info(f"{self.prefix}: {msg}", *args, stacklevel=2)
 
     def warning(self, msg: str, *args: Any) -> None:
-        self.logger.warning(f"{self.prefix}: {msg}", *args)
+        self.logger.warning(f"{self.prefix}: {msg}", *args, stacklevel=2)
 
     def error(self, msg: str, *args: Any) -> None:
-        self.logger.error(f"{self.prefix}: {msg}", *args)
+        self.logger.error(f"{self.prefix}: {msg}", *args, stacklevel=2)
 
-    def warn(self, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
+    def warn(self, reason: str, msg: str, *args: Any, level: int = logging.WARNING, stacklevel: int = 2) -> bool:
         """Log ``msg`` for ``reason`` now unless one was logged less than ``interval_s`` ago (then count it).
         A line logged after suppressed ones says how many it stands for. True when it was logged."""
         now = time.monotonic()
@@ -50,9 +51,9 @@ class CacheLog:
                 return False
             suppressed = int(last[1]) if last is not None else 0
             self._last[reason] = [now, 0]
-        tail = (f" ({suppressed} more like this in the last {self.interval_s:.0f} s; repeats are logged at most "
-                f"once per {self.interval_s:.0f} s, see the tier's metrics)" if suppressed else "")
-        self.logger.log(level, f"{self.prefix}: {msg}{tail}", *args)
+        tail = (f" ({suppressed} more like this in the last {self.interval_s:g} s; repeats are logged at most "
+                f"once per {self.interval_s:g} s, see the tier's metrics)" if suppressed else "")
+        self.logger.log(level, f"{self.prefix}: {msg}{tail}", *args, stacklevel=stacklevel)
         return True
 
     def flush(self) -> None:
@@ -66,7 +67,7 @@ class CacheLog:
                     out.append((reason, int(last[1])))
                     last[0], last[1] = now, 0
         for reason, n in out:
-            self.logger.warning(f"{self.prefix}: {n} more '{reason}' warning(s) in the last {self.interval_s:.0f} s "
+            self.logger.warning(f"{self.prefix}: {n} more '{reason}' warning(s) in the last {self.interval_s:g} s "
                                 "(see the tier's metrics)")
 
     def suppressed(self, reason: str) -> int:

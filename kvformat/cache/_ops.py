@@ -22,7 +22,7 @@ from ._log import CacheLog
 from ._lru import LRUIndex
 from ._rows import RowEngine
 from ._scan import ScanProgress
-from ._shared import SharedBound, default_allowance, shared_slack
+from ._shared import SharedBound, default_allowance
 
 __all__ = ["RootOps"]
 
@@ -95,9 +95,7 @@ class RootOps:
         if sb is None:
             return ""
         role = "evictor" if sb.is_evictor else "follower"
-        return (f", shared root: {role}, allowance {format_size(sb.allowance)} per engine (with N engines on the "
-                f"root at most max_bytes + {format_size(shared_slack(sb.max_bytes, 2, sb.allowance))} for N=2, "
-                "see docs/vllm.md)")
+        return f", shared root: {role} (allowance {format_size(sb.allowance)} per engine)"
 
     def _scan(self) -> None:
         if not self.health.usable:  # a degraded root: scanned once it works (see _keep)
@@ -135,6 +133,13 @@ class RootOps:
                     self.summary()
             else:
                 self.stop.wait(0.05)  # woken by failing stores: examine the root at most 20 times a second
+
+    def ready(self) -> bool:
+        """Whether the cache serves as it will from now on: root usable, start-up scan done and, on a shared root,
+        this engine is the evictor or admitted by it (until then a follower's stores fail and loads miss)."""
+        if not (self.health.usable and self.progress.done):
+            return False
+        return self.shared is None or self.shared.is_evictor or self.shared.may_read("")
 
     def summary(self) -> None:
         """The one start-up summary line (logged when the scan has finished)."""

@@ -122,7 +122,7 @@ class RowEngine:
 
     def warn(self, reason: str, msg: str, *args: Any) -> None:
         """Log a warning for ``reason`` now, then at most once a minute with a count (:class:`CacheLog`)."""
-        self.log.warn(reason, msg, *args)
+        self.log.warn(reason, msg, *args, stacklevel=3)
 
     warn_once = warn  # the name callers used when each reason was logged once per process
 

@@ -15,14 +15,18 @@ listing of one directory. No POSIX lock is used (they do not work over many NFS 
 * **The evictor** merges the journals into its own LRU index (the root-wide usage view, refreshed incrementally;
   rebuilt by a scan when it takes over), keeps it under ``max_bytes`` and publishes ``state.json``: the usage,
   each engine's merged record number, each follower's write allowance and the files it *doomed* (chose to evict).
-* **Writers respect it.** With ``N`` engines on the root, each engine may have at most ``allowance`` bytes written
-  or being written that the evictor's last pass did not count yet (a follower: not merged from its journal; the
-  evictor: written since its pass began); past that its stores fail (reason ``bound``) until the evictor catches
-  up. Each pass dooms files until the indexed bytes plus the doomed files still on storage fit
-  ``target = max(max_bytes - N * allowance, max_bytes // 2)``. So the bytes of ``.kvf`` files under the root never
-  exceed ``max_bytes + max(0, N * allowance - max_bytes // 2)``, and never ``max_bytes`` while
-  ``N * allowance <= max_bytes // 2`` (docs/vllm.md, spec/GUARANTEES.md G-7). An engine alone on its root
-  (no live follower) evicts before each write and deletes at once, as an unshared tier does.
+* **Writers respect it.** Each state grants every engine a number of bytes it may write (or have in flight) beyond
+  what the evictor has counted: a follower, beyond what was merged from its journal; the evictor, since its pass.
+  Past its grant a store fails (reason ``bound``) until the evictor catches up. The evictor picks the grant ``g``
+  so that ``counted + followers' exposure + N * g <= max_bytes``, where ``counted`` is the indexed bytes, the writes
+  in flight and the doomed files not yet deleted, and a follower's exposure is the largest grant it may still be
+  using (any grant published since the last state it acknowledged; ``allowance``, the largest grant there is, for
+  one that acknowledged no state of this evictor). Dooming moves bytes from indexed to doomed, so it never makes
+  room by itself: deletions do, and grants shrink while they are pending. Each pass dooms files until the indexed
+  bytes fit ``target = max(max_bytes - N * allowance, max_bytes // 2)``, which leaves the full allowance once
+  deletions are through. So the bytes of ``.kvf`` files under the root never exceed ``max_bytes``, whatever the
+  number of engines (exceptions: docs/vllm.md, spec/GUARANTEES.md G-7). An engine alone on its root (no live
+  follower) evicts before each write and deletes at once, as an unshared tier does.
 * **No deletion under a reader.** A doomed file is deleted only after every live follower has acknowledged a state
   that dooms it *and* finished every read it started before: a follower's acknowledgement is the oldest state
   under which one of its reads is still running. Followers refuse to read doomed files, and read nothing while
@@ -49,8 +53,7 @@ from ._counters import Counters
 from ._log import CacheLog
 from ._lru import LRUIndex
 
-__all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "SharedBound", "default_allowance", "shared_slack",
-           "shared_target"]
+__all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "SharedBound", "default_allowance", "shared_target"]
 
 ENGINES_DIR = f"{CONTROL_DIR}/engines"
 LEASE_DIR = f"{CONTROL_DIR}/lease"
@@ -67,18 +70,27 @@ def default_allowance(max_bytes: int, file_bytes: int) -> int:
 
 
 def shared_target(max_bytes: int, engines: int, allowance: int) -> int:
-    """What the evictor keeps the indexed plus doomed bytes under, with ``engines`` engines on the root (itself
-    included): each may add ``allowance`` bytes the evictor has not counted yet."""
+    """What the evictor keeps the indexed bytes under, with ``engines`` engines on the root (itself included): room
+    for each to be granted its full ``allowance`` once pending deletions are through."""
     if engines <= 1:
         return max_bytes
     return max(max_bytes - engines * allowance, max_bytes // 2)
 
 
-def shared_slack(max_bytes: int, engines: int, allowance: int) -> int:
-    """Bytes by which a root with ``engines`` engines (the evictor included) can exceed ``max_bytes``."""
-    if engines <= 1:
+def grant(max_bytes: int, counted: int, exposure: list[int], allowance: int) -> int:
+    """The bytes each of ``len(exposure) + 1`` engines may write beyond ``counted`` (the evictor's count) when each
+    follower may still be using a grant up to its ``exposure``: the largest ``g <= allowance`` with
+    ``counted + sum(max(e, g) for e in exposure) + g <= max_bytes`` (0 if none)."""
+    lo, hi = 0, allowance
+    while lo < hi:  # the total is monotone in g: bisect on whole bytes
+        mid = (lo + hi + 1) // 2
+        if counted + sum(max(e, mid) for e in exposure) + mid <= max_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    if counted + sum(exposure) + lo > max_bytes:
         return 0
-    return max(0, shared_target(max_bytes, engines, allowance) + engines * allowance - max_bytes)
+    return lo
 
 
 @dataclass
@@ -100,6 +112,7 @@ class _Holding:
     seq: int = 0
     views: dict[str, _View] = field(default_factory=dict)
     doomed: dict[str, tuple[int, int]] = field(default_factory=dict)  # relpath -> (state number dooming it, size)
+    grants: dict[int, int] = field(default_factory=dict)  # state number -> the grant it published
     alone: bool = True  # no live follower: victims go at once, as on an unshared root
     scanned: bool = False
     last_ok: float = 0.0
@@ -130,6 +143,8 @@ class SharedBound:
         self.ttl_s = ttl_s if ttl_s is not None else max(10 * interval_s, 2.0)
         self.id = f"{host_tag()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified when a state or a pass may have made room
+        self.wait_s = 3 * interval_s
         # -- as a follower
         self._beat = 0
         self._seq = 0
@@ -137,6 +152,7 @@ class SharedBound:
         self._unmerged = 0  # bytes of the "w" records in _pending
         self._reserved = 0  # bytes admitted by may_write whose store has not finished
         self._since_pass = 0  # the evictor's: bytes admitted since its last pass began
+        self._own_grant = 0  # the evictor's: what its last pass granted itself
         self._merged = 0
         self._admitted = False
         self._grant = 0
@@ -160,25 +176,35 @@ class SharedBound:
         return time.monotonic() - self._fresh_at <= self.ttl_s / 2
 
     def may_write(self, nbytes: int) -> str | None:
-        """Reserve ``nbytes`` for a store about to write: None when it may, else the reason it may not."""
-        with self._lock:
-            self._reserved += nbytes
-            h = self.holding
-            if h is not None:
-                if h.alone:
-                    return None  # the index evicts before the write and deletes at once: exact, as unshared
-                if self._since_pass + nbytes > self.allowance:
-                    self._reserved -= nbytes
-                    return "bound"
-                self._since_pass += nbytes
-                return None
-            if not self._fresh() or not self._admitted:
-                self._reserved -= nbytes
-                return "coordination"  # no current state from the evictor: nothing may be added blindly
-            if self._unmerged + self._reserved > self._grant:
-                self._reserved -= nbytes
+        """Reserve ``nbytes`` for a store about to write: None when it may, else the reason it may not. A store
+        past its grant waits up to ``wait_s`` (three ticks) for the evictor's next state before failing: stores
+        are off the request path, and the next grant is usually one tick away."""
+        deadline = time.monotonic() + self.wait_s
+        with self._room:
+            while True:
+                why = self._admit(nbytes)
+                left = deadline - time.monotonic()
+                if why is None or left <= 0 or self._closed:
+                    return why
+                self._room.wait(left)
+
+    def _admit(self, nbytes: int) -> str | None:
+        h = self.holding
+        if h is not None:
+            if h.alone:
+                self._reserved += nbytes
+                return None  # the index evicts before the write and deletes at once: exact, as unshared
+            if self._since_pass + nbytes > self._own_grant:
                 return "bound"
+            self._since_pass += nbytes
+            self._reserved += nbytes
             return None
+        if not self._fresh() or not self._admitted:
+            return "coordination"  # no current state from the evictor: nothing may be added blindly
+        if self._unmerged + self._reserved + nbytes > self._grant:
+            return "bound"
+        self._reserved += nbytes
+        return None
 
     def unreserve(self, nbytes: int) -> None:
         """The store reserved with :meth:`may_write` wrote nothing."""
@@ -210,10 +236,9 @@ class SharedBound:
         self._seq += 1
         old = self._pending.pop(relpath, None)
         if old is not None and old[1] == "w":
+            self._unmerged -= old[2]
             if op == "r":
                 op, nbytes = "w", old[2]  # a read after a write: still the write (which is recency too)
-            else:
-                self._unmerged -= old[2]
         if op == "w":
             self._unmerged += nbytes
         self._pending[relpath] = [self._seq, op, nbytes]
@@ -268,7 +293,6 @@ class SharedBound:
                         h.doomed[rel] = (h.seq + 1, size)  # first published by the next state
                     else:  # handed out again after a re-index: forget the extra doom at once
                         self.index.forget([rel])
-                self.index.set_held(sum(s for _, s in h.doomed.values()))
                 return
         self._delete(victims)
 
@@ -315,16 +339,16 @@ class SharedBound:
             state = None
         now = time.monotonic()
         if state is not None and int(state.get("gen", 0)) >= self._applied[0]:
-            self._apply(state)
-            self._fresh_at = now
+            self._apply(state, now)
         self._maybe_take_over(state, now)
 
-    def _apply(self, state: dict[str, Any]) -> None:
+    def _apply(self, state: dict[str, Any], now: float) -> None:
         key: Key = (int(state["gen"]), int(state["seq"]))
         doomed = {str(rel): int(d) for rel, d in state.get("doomed", [])}
         new = [rel for rel in doomed if rel not in self._refused]
         with self._lock:
             self._applied = key
+            self._fresh_at = now
             self._refused = doomed
             merged = state.get("engines", {}).get(self.id)
             self._admitted = merged is not None
@@ -334,6 +358,7 @@ class SharedBound:
                     del self._pending[rel]
                 self._unmerged = sum(v[2] for v in self._pending.values() if v[1] == "w")
             self._grant = int(state.get("allowance", 0))
+            self._room.notify_all()
             self._root_state = {k: state.get(k) for k in ("gen", "used", "files", "target", "max_bytes")}
             self._root_state["engines"] = len(state.get("engines", {})) + 1
         for rel in new:  # doomed: no lookup may find it here any more
@@ -412,7 +437,6 @@ class SharedBound:
             self._fresh_at = -1e18
             self._admitted = False
         self.index.max_bytes = None
-        self.index.set_held(0)
         self.index.forget(list(h.doomed))  # not deleted: the new evictor's scan finds them on storage
 
     def _evictor_pass(self) -> None:
@@ -462,29 +486,47 @@ class SharedBound:
             with self._lock:
                 for rel, _ in ready:
                     del h.doomed[rel]
-                self.index.set_held(sum(s for _, s in h.doomed.values()))
             self._delete(ready)
         with self._lock:
             h.alone = not live
-            self._since_pass = self._reserved  # what is in flight now is counted as reserved in the index too
             target = shared_target(self.max_bytes, len(live) + 1, self.allowance)
-        # Alone: the store path evicts before each write and deletes at once. Shared: only passes pick victims
-        # (doomed files free nothing until deleted, so a store path that doomed would doom again and again).
+        # Alone: the store path evicts before each write and deletes at once. Shared: only passes pick victims, by
+        # the indexed bytes alone (doomed files free nothing until deleted: counting them would doom again and again).
         self.index.max_bytes = self.max_bytes if h.alone else None
         self.evict(self.index.victims(limit=target))
         scanned = h.scanned and self._scanned()
         with self._lock:
             h.seq += 1
             held = sum(s for _, s in h.doomed.values())
+            # Admitted stores are in _reserved until they call wrote(), in the index's reserved until add(): the
+            # sum counts a store in flight twice for a moment, never not at all.
+            counted = self.index.used + self.index.reserved + self._reserved + held
+            exposure = [self._exposure(h, v) for v in live.values()]
+            g = grant(self.max_bytes, counted, exposure, self.allowance) if scanned and not h.alone else 0
+            h.grants[h.seq] = g
+            oldest = min((v.ack[1] for v in live.values() if v.ack is not None and v.ack[0] == h.gen), default=h.seq)
+            for seq in [q for q in h.grants if q < oldest]:
+                del h.grants[seq]
+            # The evictor's own writes since this pass: what is in flight now is in the index's reserved already.
+            self._own_grant = g
+            self._since_pass = 0
+            self._room.notify_all()
             state = {"gen": h.gen, "seq": h.seq, "owner": self.id, "host": host_tag(), "pid": os.getpid(),
-                     "max_bytes": self.max_bytes, "target": target, "allowance": self.allowance if scanned else 0,
-                     "used": self.index.used + self.index.reserved + held, "files": len(self.index),
-                     "engines": {i: v.merged for i, v in h.views.items()}, "released": self._closed,
-                     "doomed": [[rel, d] for rel, (d, _) in h.doomed.items()]}
+                     "max_bytes": self.max_bytes, "target": target, "allowance": g, "used": counted,
+                     "files": len(self.index), "engines": {i: v.merged for i, v in h.views.items()},
+                     "released": self._closed, "doomed": [[rel, d] for rel, (d, _) in h.doomed.items()]}
             self._root_state = {k: state[k] for k in ("gen", "used", "files", "target", "max_bytes")}
             self._root_state["engines"] = len(live) + 1
         self.store.put(STATE_FILE, [json.dumps(state, separators=(",", ":")).encode()], overwrite=True)
         h.last_ok = now
+
+    def _exposure(self, h: _Holding, v: _View) -> int:
+        """The largest grant follower ``v`` may still be writing under: any published since the state it last
+        acknowledged (its acknowledgement may be older than what it applied: conservative), or the allowance
+        for one that acknowledged none of this evictor's states."""
+        if v.ack is None or v.ack[0] != h.gen:
+            return self.allowance
+        return max((g for seq, g in h.grants.items() if seq >= v.ack[1]), default=self.allowance)
 
     def _read_all(self, rels: list[str]) -> list[dict[str, Any] | None]:
         many = getattr(self.store, "read_many_bytes", None)
@@ -509,12 +551,13 @@ class SharedBound:
         so that another engine takes over at once. Errors are logged, never raised."""
         if self._closed:
             return
+        with self._room:
+            self._closed = True
+            self._room.notify_all()  # stores waiting for room fail now
         try:
             if self.holding is not None:
-                self._closed = True
-                self._evictor_pass()
+                self._evictor_pass()  # publishes released=True: another engine takes over at once
             else:
-                self._closed = True
                 self.store.put(f"{ENGINES_DIR}/{self.id}.json", [self._journal(gone=True)], overwrite=True)
         except (OSError, ValueError) as e:
             self.log.warning("leaving the shared root: %s", e)

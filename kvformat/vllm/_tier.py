@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -417,6 +418,16 @@ class KVFormatTier(SecondaryTierManager):
         """Block until the start-up scan of the root has finished (tests, tools)."""
         self.ops.scan.join(timeout)
         return not self.ops.scan.is_alive() and self.ops.progress.done
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Block until the tier serves as it will from now on (root usable, scan done, on a shared root admitted
+        by its evictor); False if that did not happen within ``timeout`` seconds (tests, tools)."""
+        deadline = time.monotonic() + timeout
+        while not self.ops.ready():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def shutdown(self) -> None:
         """Stop within ``shutdown_timeout_s``: queued jobs fail (each reported once), running ones finish.
