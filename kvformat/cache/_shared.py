@@ -300,7 +300,11 @@ class SharedBound:
         """What this engine knows of the root: role, engines, usage as the evictor published it (metrics)."""
         with self._lock:
             s = dict(self._root_state)
-            s["evictor"] = self.holding is not None
+            h = self.holding
+            s["evictor"] = h is not None
+            if h is not None:  # the evictor's own count is current, not as of its last pass
+                s["used"] = (self.index.used + self.index.reserved + self._reserved
+                             + sum(size for _, size in h.doomed.values()))
             return s
 
     # -- the housekeeping tick -----------------------------------------------------------------------
