@@ -118,7 +118,11 @@ class RootOps:
                 return
             self.health.wake.clear()
             was = self.health.state
-            usable = self.health.check()  # also at once after a failed store: a mount that went away
+            try:
+                usable = self.health.check()  # also at once after a failed store: a mount that went away
+            except Exception as e:  # a bug must not end the thread that watches the root
+                self.log.warn("health:" + type(e).__name__, "checking the root failed: %s: %s", type(e).__name__, e)
+                usable = self.health.usable
             if usable and was != "ok" and not self.progress.done and not self.scan.is_alive():
                 self.scan = threading.Thread(target=self._scan, name="kvformat_scan", daemon=True)
                 self.scan.start()  # the root became usable after a degraded start: scan it now

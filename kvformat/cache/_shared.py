@@ -184,11 +184,13 @@ class SharedBound:
             while True:
                 why = self._admit(nbytes)
                 left = deadline - time.monotonic()
-                if why is None or left <= 0 or self._closed:
+                if why is None or left <= 0 or why == "shutdown":
                     return why
                 self._room.wait(left)
 
     def _admit(self, nbytes: int) -> str | None:
+        if self._closed:
+            return "shutdown"  # the last journal is written: a write now would never be counted
         h = self.holding
         if h is not None:
             if h.alone:
@@ -318,10 +320,10 @@ class SharedBound:
                 self._evictor_pass()
             else:
                 self._follower_pass()
-        except (OSError, ValueError) as e:
-            self.log.warn("shared:" + type(e).__name__, "coordinating the shared root failed: %s (retried every "
+        except Exception as e:  # storage errors, or a foreign/garbled control file: the next tick tries again
+            self.log.warn("shared:" + type(e).__name__, "coordinating the shared root failed: %s: %s (retried every "
                           "%.1f s; a follower serves misses and stores nothing while it cannot see the evictor's "
-                          "state)", e, self.interval_s)
+                          "state)", type(e).__name__, e, self.interval_s)
 
     def _journal(self, gone: bool = False) -> bytes:
         with self._lock:

@@ -438,11 +438,12 @@ class KVFormatTier(SecondaryTierManager):
         more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
         running copy.
         """
-        self.ops.close(min(5.0, self.shutdown_timeout_s / 2))
         if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self.engines.values(), self._pool, self.ops.scan,
                                 self._lookups.shutdown, self._flat):
             self.log.warning("shutdown gave up after %.0f s waiting for storage I/O at %s; the primary buffer is "
                              "left to the garbage collector", self.shutdown_timeout_s, self.store.root)
+        # After the stores finished: the last journal (or the released lease) then counts every file written.
+        self.ops.close(min(5.0, self.shutdown_timeout_s / 2))
 
 
 def _tier_label(spec: Any, tier_type: str, root: str) -> str:
