@@ -260,16 +260,29 @@ class RowEngine:
                 shared.unreserve(size)
             # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
             # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
+            # On a shared root the evictor may have doomed the file since the check at the top: indexing it
+            # then would leave a ghost once it is deleted (a later load finds it missing). The read token
+            # keeps the evictor from deleting it until the refused() check after add_found has run.
+            token = shared.read_begin(rel) if shared is not None else None
+            if shared is not None and token is None:
+                self.store_failed("evicting" if shared.refused(rel) else "coordination")
+                return REFUSED, 0
             since = self.index.pin(rel)
             try:
                 existing = self._check_existing(rel, key)
                 if existing is not None and self.index.add_found(rel, existing, since):
+                    if shared is not None and shared.refused(rel):
+                        self.index.remove(rel)
+                        self.store_failed("evicting")
+                        return REFUSED, 0
                     self.counters.add(dedup_saved_bytes=self.copies * self.slot)
                     if shared is not None:
                         shared.used(rel)
                     return EXISTS, 0
             finally:
                 self._unpin(rel)
+                if shared is not None:
+                    shared.read_end(token)
             self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
         return FAILED, 0
 
