@@ -28,6 +28,7 @@ __all__ = [
     "ReplicaMismatchError",
     "LegacyLayoutError",
     "UsageError",
+    "RootUnusableError",
     "StagingError",
     "StagingTimeoutError",
     "StagingConflictError",
@@ -194,6 +195,19 @@ class KeySourceError(UsageError):
     def __init__(self, source: str, message: str) -> None:
         self.source = source
         super().__init__(f"seal key {source}: {message}")
+
+
+class RootUnusableError(UsageError):
+    """A cache root that cannot be used as configured: the start-up probe (create, write, publish, read back,
+    delete one object) failed. ``field`` names the parameter to fix (``root``, ``storage_options``,
+    ``storage_options.endpoint_url`` …), ``step`` the probe step that failed, ``cause`` the storage error."""
+
+    def __init__(self, field: str, message: str, *, step: str | None = None, cause: BaseException | None = None,
+                 path: str | None = None) -> None:
+        self.field = field
+        self.step = step
+        self.cause = cause
+        super().__init__(f"{field}: {message}", path=path)
 
 
 class StagingError(KVFormatError, ValueError):

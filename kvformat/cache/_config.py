@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..format._consts import SEAL_LEVELS
 from ..format._keys import looks_like_key
-from ..format._sizes import parse_limit
+from ..format._sizes import format_size, parse_limit
 from ..errors import SchemaError, UsageError
+from ..storage._options import check_storage_options
 
 REPLICA_POLICIES = ("verify", "trust_rank0")
 O_DIRECT_MODES = ("auto", "on", "off")
@@ -31,6 +33,12 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise SchemaError(name, f"expected one of {', '.join(choices)}, got {value!r}")
     return str(value)  # one of ``choices``: already a str
+
+
+def _number(name: str, value: Any, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise SchemaError(name, f"expected a number in {lo:g}..{hi:g}, got {value!r}")
+    return float(value)
 
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
@@ -61,19 +69,25 @@ class TierConfig:
     seal: str = "off"
     seal_key: str | None = None
     seal_read_keys: tuple[str, ...] = ()
+    start_degraded: bool = False
+    shared_allowance: int | None = None
+    shared_interval_s: float = 1.0
 
     @classmethod
     def parse(cls, root: Any, **kw: Any) -> "TierConfig":
         """Check every parameter; raises SchemaError (a ValueError) naming the bad one."""
-        if not isinstance(root, str) or not root:
+        if not isinstance(root, str) or not root or "\0" in root:
             raise SchemaError("root", f"expected a directory path or URL, got {root!r}")
+        if "://" not in root or root.startswith("file://"):
+            local = root[len("file://"):] if root.startswith("file://") else root
+            if os.path.exists(local) and not os.path.isdir(local):
+                raise SchemaError("root", f"{local} exists and is not a directory")
         rev = kw.get("model_revision")
         if rev is not None and (not isinstance(rev, str) or not rev):
             raise SchemaError("model_revision", f"expected a non-empty string, got {rev!r}")
         so = kw.get("storage_options") or {}
-        if not isinstance(so, Mapping):
-            raise SchemaError("storage_options", f"expected a dict, got {type(so).__name__}")
-        for b in ("verify", "fsync", "enable_kv_events"):
+        check_storage_options(root, so)
+        for b in ("verify", "fsync", "enable_kv_events", "start_degraded"):
             if b in kw and not isinstance(kw[b], bool):
                 raise SchemaError(b, f"expected true or false, got {kw[b]!r}")
         compression = _choice("compression", kw.get("compression", "none"), ("none", "zstd"))
@@ -93,11 +107,33 @@ class TierConfig:
             model_revision=rev,
             storage_options=dict(so),
             enable_kv_events=kw.get("enable_kv_events", False),
-            locality=kw.get("locality"),
+            locality=_choice("locality", kw["locality"], ("LOCAL", "REMOTE")) if kw.get("locality") is not None
+            else None,
+            start_degraded=kw.get("start_degraded", False),
+            shared_allowance=parse_size("shared_allowance", kw.get("shared_allowance")),
+            shared_interval_s=_number("shared_interval_s", kw.get("shared_interval_s", 1.0), 0.01, 60.0),
             seal=seal,
             seal_key=seal_key,
             seal_read_keys=read_keys,
         )
+
+    def check_bound(self, file_bytes: int) -> str | None:
+        """Refuse a ``max_bytes`` below one chunk file of ``file_bytes`` (SchemaError naming it and the size);
+        return a warning for one below 16 files (the LRU then keeps only a handful of chunks), else None."""
+        if self.max_bytes is None:
+            return None
+        if self.shared_allowance is not None and self.shared_allowance < file_bytes:
+            raise SchemaError("shared_allowance", f"{self.shared_allowance} bytes is smaller than one chunk file "
+                              f"({file_bytes} bytes): no engine sharing the root could store anything")
+        if self.max_bytes < file_bytes:
+            raise SchemaError("max_bytes", f"{self.max_bytes} bytes ({format_size(self.max_bytes)}) is smaller than "
+                              f"one chunk file of this deployment ({file_bytes} bytes, {format_size(file_bytes)}): "
+                              "nothing could ever be stored. Sizes take units: \"500GiB\", \"1.5TB\"")
+        if self.max_bytes < 16 * file_bytes:
+            return (f"max_bytes={self.max_bytes} ({format_size(self.max_bytes)}) holds only "
+                    f"{self.max_bytes // file_bytes} chunk files of {file_bytes} bytes ({format_size(file_bytes)}): "
+                    "was a unit forgotten (\"500GiB\")?")
+        return None
 
 
 def _key_source(name: str, value: Any) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 
 from ._lru import LRUIndex
 from ._pool import DualPool, TaskPair
-from ._counters import COUNTERS, Counters
-from ._rows import CANCELLED, EXISTS, WRITTEN, RowEngine
+from ._counters import COUNTERS, Counters, failure_reason
+from ._rows import CANCELLED, EXISTS, FAILED, REPLICA_MISMATCH, WRITTEN, RowEngine
 
 Target = Callable[[Any], "tuple[RowEngine | None, str | None]"]
 
@@ -104,12 +104,20 @@ class JobBook:
             try:
                 if eng is not None and h is not None:
                     outcome, n = eng.store_chunk(h, cid)
+                    if outcome in (FAILED, REPLICA_MISMATCH):  # refusals (REFUSED) count themselves, by reason
+                        eng.store_failed("contended" if outcome == FAILED else REPLICA_MISMATCH)
             except Exception as e:  # OSError (ENOSPC …) or a bug: this chunk is not stored, the job fails
                 outcome = "error"
-                self.warn(f"store:{type(e).__name__}", "kvformat tier: storing a chunk failed: %s", e)
+                reason = failure_reason(e)
+                if eng is not None:
+                    eng.store_failed(reason)
+                self.warn(f"store:{reason}", "storing a chunk failed: %s (counted in store_failures{reason=\"%s\"})",
+                          e, reason)
             self.finish(job, i, outcome, n)
 
         def fail() -> None:  # never ran (tier shut down): not stored
+            if eng is not None:
+                eng.store_failed("shutdown")
             self.finish(job, i, CANCELLED, 0)
         return run, fail
 
@@ -122,7 +130,7 @@ class JobBook:
                 if eng is not None and h is not None:
                     got = eng.load_chunk(h, cid)
             except Exception as e:
-                self.warn(f"load:{type(e).__name__}", "kvformat tier: loading a chunk failed: %s", e)
+                self.warn(f"load:{type(e).__name__}", "loading a chunk failed: %s", e)
             self.finish(job, i, got, got or 0)
 
         def fail() -> None:  # never ran (tier shut down): a miss
@@ -158,6 +166,7 @@ class CounterReport:
         self._counters = counters
         self._index = index
         self._reported: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._reported_reasons: tuple[dict[str, int], dict[str, int]] = ({}, {})
 
     def deltas(self) -> dict[str, int]:
         values, _ = self._counters.snapshot()
@@ -165,9 +174,18 @@ class CounterReport:
         self._reported = values
         return {k: d for k, d in out.items() if d}
 
+    def reason_deltas(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Increases since the previous call: (quarantined files by reason, failed stores by reason)."""
+        now = self._counters.by_reason()
+        out = tuple({r: n - old.get(r, 0) for r, n in cur.items() if n - old.get(r, 0)}
+                    for cur, old in zip(now, self._reported_reasons))
+        self._reported_reasons = now
+        return out[0], out[1]
+
     def totals(self) -> dict[str, int]:
         values, quarantined = self._counters.snapshot()
         values.update({f"quarantined:{r}": n for r, n in quarantined.items()})
+        values.update({f"store_failures:{r}": n for r, n in self._counters.by_reason()[1].items()})
         values["used_bytes"] = self._index.used
         values["files"] = len(self._index)
         return values

@@ -73,6 +73,9 @@ class LRUIndex:
         self._writing: Counter[str] = Counter()  # stores between reserve(…, relpath) and add/release
         self._stuck: set[str] = set()  # indexed files whose eviction failed: victims only as a last resort
         self._removed_during_scan: set[str] | None = None
+        # Bytes of files out of the index but still on storage: doomed by a shared root's evictor until every
+        # engine has let go of them (cache/_shared.py). They count against the bound until deleted.
+        self.held = 0
 
     # -- queries ---------------------------------------------------------------------------------
     def __contains__(self, relpath: str) -> bool:
@@ -237,7 +240,7 @@ class LRUIndex:
             if pin[0] > 0:
                 return False
             del self._pins[relpath]
-            return self.max_bytes is not None and self._used + self._reserved > self.max_bytes
+            return self.max_bytes is not None and self._used + self._reserved + self.held > self.max_bytes
 
     def reserve(self, nbytes: int, relpath: str | None = None) -> list[tuple[str, int]]:
         """Account ``nbytes`` for a write (of ``relpath``) about to start; returns the files to delete to make room.
@@ -260,10 +263,15 @@ class LRUIndex:
             if relpath is not None:
                 self._end_write_locked(relpath)
 
-    def victims(self) -> list[tuple[str, int]]:
-        """Files to delete so that usage fits ``max_bytes`` (removed from the index, doomed)."""
+    def victims(self, limit: int | None = None) -> list[tuple[str, int]]:
+        """Files to delete so that usage fits ``max_bytes`` (or ``limit``; removed from the index, doomed)."""
         with self._lock:
-            return self._victims_locked()
+            return self._victims_locked(limit=limit)
+
+    def set_held(self, nbytes: int) -> None:
+        """Bytes still on storage that the index no longer lists (counted against the bound; see ``held``)."""
+        with self._lock:
+            self.held = nbytes
 
     def forget(self, relpaths: Iterable[str]) -> None:
         """The caller deleted these victims (or found them gone): they are no longer doomed."""
@@ -311,10 +319,11 @@ class LRUIndex:
         with self._lock:
             return sum(self._doomed.values())
 
-    def _victims_locked(self, keep: str | None = None) -> list[tuple[str, int]]:
-        if self.max_bytes is None:
+    def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
+        bound = self.max_bytes if limit is None else limit
+        if bound is None:
             return []
-        excess = self._used + self._reserved - self.max_bytes
+        excess = self._used + self._reserved + self.held - bound
         if excess <= 0:
             return []
         out: list[tuple[str, int]] = []

@@ -9,7 +9,6 @@ it into the other slots.
 from __future__ import annotations
 
 import ctypes
-import logging
 import mmap
 import os
 import threading
@@ -37,13 +36,15 @@ from ..storage._local import LocalStore
 from ._config import TierConfig
 from ._lru import LRUIndex
 from ._counters import COUNTERS as COUNTERS, Counters
+from ._health import RootHealth
+from ._log import CacheLog
 from ._pool import BatchWorker
-from ._scan import scan_root
+from ._scan import ScanProgress, scan_root
 from ._sealing import sealed_plans, tier_keyring
-
-logger = logging.getLogger("kvformat.vllm")
+from ._shared import SharedBound
 
 WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
+REFUSED = "refused"  # not attempted: the root is unusable, or the shared bound has no room (counted by reason)
 CANCELLED = "cancelled"  # a store that never ran: the tier shut down first
 # A load refreshes the file's mtime (the LRU order a restart rebuilds) at most this often: a utime per
 # load cost ~10% of a tmpfs load, and a restart's LRU order only needs to be right to within minutes.
@@ -77,10 +78,11 @@ class RowEngine:
         self.provenance = provenance
         self.index = index
         self.on_removed = on_removed
-        # Engines of one tier (one per KV-cache group) share counters and log-once state.
+        # Engines of one tier (one per KV-cache group) share counters, the log and the root's health and bound.
         self.counters: Counters = share.counters if share is not None else Counters()
-        self._warned: set[str] = share._warned if share is not None else set()
-        self._warn_lock: threading.Lock = share._warn_lock if share is not None else threading.Lock()
+        self.log: CacheLog = share.log if share is not None else CacheLog()
+        self.health: RootHealth | None = share.health if share is not None else None
+        self.shared: SharedBound | None = share.shared if share is not None else None
         self._scratch = threading.local()
         if plan.shards and sorted(w for sh in plan.shards for w in sh.slots) != list(range(copies)):
             # Every worker slot belongs to exactly one shard, else a stage or DCP rank would be missing.
@@ -109,7 +111,7 @@ class RowEngine:
                 if rel in self.index:
                     self.store.touch(rel)
             except OSError as e:
-                self.warn_once(f"touch:{type(e).__name__}", "kvformat tier: touching %s failed: %s", rel, e)
+                self.warn(f"touch:{type(e).__name__}", "touching %s failed: %s", rel, e)
             finally:
                 self._unpin(rel)
 
@@ -120,21 +122,49 @@ class RowEngine:
         self.flat = memoryview(b"")
 
     # -- helpers -----------------------------------------------------------------------------------
+    def file_bytes(self) -> int:
+        """Bytes of one uncompressed chunk file of this engine's layout (header region + payload)."""
+        hdr, _, _ = encode_block(memoryview(bytearray(self.payload_bytes)), self.layout,
+                                 BlockKey("0" * 64, self.layout.group), provenance=self.provenance, payload_xxh3=0,
+                                 keys=self.keys)  # a sealed header is longer (nonce, key id, tag)
+        return len(hdr) + self.payload_bytes
+
     def relpath(self, h: str) -> str:
         return hash_relpath(self.ns, h)
 
-    def warn_once(self, reason: str, msg: str, *args: Any) -> None:
-        with self._warn_lock:
-            if reason in self._warned:
-                return
-            self._warned.add(reason)
-        logger.warning(msg + " (logged once per reason; see the tier's counters)", *args)
+    def warn(self, reason: str, msg: str, *args: Any) -> None:
+        """Log a warning for ``reason`` now, then at most once a minute with a count (:class:`CacheLog`)."""
+        self.log.warn(reason, msg, *args, stacklevel=3)
+
+    warn_once = warn  # the name callers used when each reason was logged once per process
+
+    def _usable(self) -> bool:
+        return self.health is None or self.health.usable
+
+    def can_read(self, rel: str) -> bool:
+        """Whether a lookup may answer a hit for ``rel`` now: the root is usable and, on a shared root, the file
+        is not doomed and this engine's view of the evictor is current."""
+        return self._usable() and (self.shared is None or self.shared.may_read(rel))
+
+    def store_failed(self, reason: str) -> None:
+        """Count a chunk not stored; an OS error also has the root examined at once (a mount that went away)."""
+        self.counters.add_store_failure(reason)
+        if self.health is not None and reason not in ("bound", "coordination", "evicting", "replica_mismatch"):
+            self.health.wake.set()
 
     def _unpin(self, rel: str) -> None:
         if self.index.unpin(rel):  # the bound skipped this file while pinned: evict now, not at some later write
             self.delete_victims(self.index.victims())
 
     def delete_victims(self, victims: list[tuple[str, int]]) -> None:
+        """Evict ``victims``: at once, or through the shared root's evictor (doomed until no engine reads them)."""
+        if self.shared is not None:
+            self.shared.evict(victims)
+        else:
+            self.delete_now(victims)
+
+    def delete_now(self, victims: list[tuple[str, int]]) -> None:
+        """Delete evicted files for good (counters, events)."""
         if not victims:
             return
         gone: list[str] = []
@@ -145,8 +175,8 @@ class RowEngine:
                 except OSError as e:
                     # Still on storage: counted again (LRUIndex.keep), so the index never says less than the
                     # disk holds; other files are evicted first and this one is retried when nothing else fits.
-                    self.warn_once("evict_error", "kvformat tier: could not delete %s: %s; it stays counted "
-                                   "and is retried when nothing else can be evicted", rel, e)
+                    self.warn("evict_error", "could not delete %s: %s; it stays counted and is retried when "
+                              "nothing else can be evicted", rel, e)
                     continue
                 self._mtimes.pop(rel, None)
                 gone.append(rel)
@@ -172,7 +202,7 @@ class RowEngine:
             self.index.remove(rel, since)
             self._mtimes.pop(rel, None)
             self.counters.add(unknown_key_files=1)
-            self.warn_once(err.reason, "kvformat tier: %s; served as a miss, file left in place", err)
+            self.warn(err.reason, "%s; served as a miss, file left in place", err)
             return
         reason = err.reason
         self._mtimes.pop(rel, None)
@@ -180,17 +210,18 @@ class RowEngine:
             q = self.store.quarantine_read(rel, err)
         except OSError as e:
             q = Quarantined("failed")
-            self.warn_once("quarantine_error", "kvformat tier: could not quarantine %s: %s", rel, e)
+            self.warn("quarantine_error", "could not quarantine %s: %s", rel, e)
         self.counters.add(corrupt_files=1, checksum_failures=int(isinstance(err, ChecksumError)),
                           layout_mismatches=int(isinstance(err, LayoutMismatchError)),
                           seal_failures=int(isinstance(err, TagMismatchError)))
         self.counters.add_quarantine(reason)
         if q.outcome == REPLACED:  # the name holds a newer file than the one read: its entry, if any, is its own
-            self.warn_once(reason, "kvformat tier: %s; served as a miss, left in place: a newer file has taken its "
-                           "name", err)
+            self.warn(reason, "%s; served as a miss, left in place: a newer file has taken its name", err)
             return
         self.index.remove(rel, since)
-        self.warn_once(reason, "kvformat tier: %s; served as a miss, file moved to %s", err, q.relpath)
+        if self.shared is not None:
+            self.shared.removed(rel)
+        self.warn(reason, "%s; served as a miss, file moved to %s", err, q.relpath)
         self.on_removed([rel])
 
     def _chunk_base(self, chunk_id: int) -> int:
@@ -207,6 +238,13 @@ class RowEngine:
         """Write chunk ``chunk_id``'s canonical payload as block ``h``. Returns (outcome, bytes written)."""
         rel = self.relpath(h)
         base = self._chunk_base(chunk_id)
+        if not self._usable():
+            assert self.health is not None
+            self.store_failed(f"root_{self.health.state}")
+            return REFUSED, 0
+        if self.shared is not None and self.shared.refused(rel):  # being evicted: written again once it is gone
+            self.store_failed("evicting")
+            return REFUSED, 0
         if self.index.touch(rel):
             self.counters.add(dedup_saved_bytes=self.copies * self.slot)
             return EXISTS, 0
@@ -238,34 +276,70 @@ class RowEngine:
             if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
                 self.counters.add(dedup_saved_bytes=self.copies * self.slot)
                 return EXISTS, 0
+            shared = self.shared
+            if shared is not None:
+                why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
+                if why is not None:
+                    self.store_failed(why)
+                    return REFUSED, 0
             # Reserved for rel: until add/release no other thread indexes the file this put publishes, so
             # no eviction can delete it before our add (which would then index a ghost).
             victims = self.index.reserve(size, rel)
             try:
                 self.delete_victims(victims)
+                self._make_parent(rel)
                 wrote = (self._put_fused(rel, hdr, data) if fuse
                          else self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync))
             except BaseException:
                 self.index.release(size, rel)
+                if shared is not None:
+                    shared.unreserve(size)
                 raise
             if wrote:
                 self._mtimes[rel] = time.time()
+                if shared is not None:
+                    shared.wrote(rel, size)
                 self.delete_victims(self.index.add(rel, size, reserved=size))
                 self.counters.add(bytes_written=size, files_written=1, dedup_saved_bytes=saved)
                 return WRITTEN, size
             self.index.release(size, rel)
+            if shared is not None:
+                shared.unreserve(size)
             # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
             # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
+            # On a shared root the evictor may have doomed the file since the check at the top: indexing it
+            # then would leave a ghost once it is deleted (a later load finds it missing). The read token
+            # keeps the evictor from deleting it until the refused() check after add_found has run.
+            token = shared.read_begin(rel) if shared is not None else None
+            if shared is not None and token is None:
+                self.store_failed("evicting" if shared.refused(rel) else "coordination")
+                return REFUSED, 0
             since = self.index.pin(rel)
             try:
                 existing = self._check_existing(rel, key, since)
                 if existing is not None and self.index.add_found(rel, existing, since):
+                    if shared is not None and shared.refused(rel):
+                        self.index.remove(rel)
+                        self.store_failed("evicting")
+                        return REFUSED, 0
                     self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+                    if shared is not None:
+                        shared.used(rel)
                     return EXISTS, 0
             finally:
                 self._unpin(rel)
+                if shared is not None:
+                    shared.read_end(token)
             self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
         return FAILED, 0
+
+    def _make_parent(self, rel: str) -> None:
+        # A local tier creates its hash directories itself, never the namespace directory (LocalStore.make_parent):
+        # after its mount went away the store fails here instead of growing a tree on the disk underneath.
+        # Only where the root's health is watched: there the namespace directory was made at start-up.
+        if (self.health is not None and isinstance(self.store, LocalStore)
+                and not os.path.isdir(os.path.dirname(self.store._abs(rel)))):
+            self.store.make_parent(rel)
 
     def _gather_shards(self, h: str, base: int) -> memoryview | None:
         """The payload assembled from every shard of a pipeline/DCP row (each pipeline stage's layers, each
@@ -287,7 +361,7 @@ class RowEngine:
             return False
         err = ReplicaMismatchError([f"{d:016x}" for d in digests])
         self.counters.add(replica_mismatches=1)
-        self.warn_once("ReplicaMismatchError", "kvformat tier: chunk %s not stored: %s differ: %s. The model's KV "
+        self.warn("ReplicaMismatchError", "chunk %s not stored: %s differ: %s. The model's KV "
                        "is not replicated across workers; kvformat stores only replicated (MLA) KV", h, what, err)
         return True
 
@@ -366,7 +440,13 @@ class RowEngine:
     def load_chunk(self, h: str, chunk_id: int) -> int | None:
         """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
         rel = self.relpath(h)
-        base = self._chunk_base(chunk_id)
+        base = self._chunk_base(chunk_id)  # before the read token: a bad chunk id takes nothing
+        if not self._usable():
+            return None
+        shared = self.shared
+        token = shared.read_begin(rel) if shared is not None else None
+        if shared is not None and token is None:  # doomed by the shared root's evictor, or no current view of it
+            return None
         since = self.index.pin(rel)
         try:
             dst = self.flat[base:base + self.payload_bytes] if self.plan.contiguous else self._buffer(0)
@@ -375,6 +455,8 @@ class RowEngine:
             except FileNotFoundError:
                 self.index.remove(rel, since)  # kept if a store indexed a file published after this read
                 self.counters.add(missing_files=1)
+                if shared is not None:
+                    shared.removed(rel)
                 self.on_removed([rel])
                 return None
             except KVFormatError as e:
@@ -383,7 +465,7 @@ class RowEngine:
             except OSError as e:
                 self.index.remove(rel, since)
                 self.counters.add(io_errors=1)
-                self.warn_once(f"OSError{e.errno}", "kvformat tier: reading %s failed: %s; served as a miss", rel, e)
+                self.warn(f"OSError{e.errno}", "reading %s failed: %s; served as a miss", rel, e)
                 return None
             if self.plan.shards:
                 for shard in self.plan.shards:
@@ -407,9 +489,13 @@ class RowEngine:
                 self._mtimes[rel] = now
                 self.toucher.submit(rel)  # off the load's path: a touch is a server-side copy on S3
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
+            if shared is not None:
+                shared.used(rel)
             return int(hdr.file_bytes)
         finally:
             self._unpin(rel)
+            if shared is not None:
+                shared.read_end(token)
 
     # -- lookup of a file the index does not know (written by another instance) ------------------
     def probe_many(self, hs: list[str]) -> list[bool]:
@@ -419,7 +505,8 @@ class RowEngine:
         false hit.
         """
         rels = [self.relpath(h) for h in hs]
-        todo = [i for i, r in enumerate(rels) if r not in self.index]
+        readable = [self.can_read(r) for r in rels]
+        todo = [i for i, r in enumerate(rels) if readable[i] and r not in self.index]
         if todo:
             pinned = [rels[i] for i in todo]
             # before the reads: an eviction meanwhile makes add_found refuse the file
@@ -432,7 +519,7 @@ class RowEngine:
                     try:
                         size = self._accept_header(rels[i], hdr, t)
                     except OSError as e:
-                        self.warn_once(f"probe:{type(e).__name__}", "kvformat tier: lookup failed: %s", e)
+                        self.warn(f"probe:{type(e).__name__}", "lookup failed: %s", e)
                         size = None
                     if size is not None:
                         self.index.add_found(rels[i], size, t)
@@ -440,10 +527,10 @@ class RowEngine:
                 for rel in pinned:
                     self.index.unpin(rel)
             self.delete_victims(self.index.victims())
-        return [r in self.index for r in rels]
+        return [ok and r in self.index for ok, r in zip(readable, rels)]
 
     # -- start-up ----------------------------------------------------------------------------------
 
-    def scan(self, stop: threading.Event) -> None:
-        """Rebuild usage and LRU order from the files under the root (a background thread): see _tier._scan."""
-        scan_root(self, stop)
+    def scan(self, stop: threading.Event, progress: ScanProgress | None = None) -> ScanProgress:
+        """Rebuild usage and LRU order from the files under the root (a background thread): see ``_scan``."""
+        return scan_root(self, stop, progress)

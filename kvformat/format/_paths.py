@@ -1,7 +1,8 @@
 """The on-disk path scheme (spec §9) and its inverse: the one place that spells it.
 
 ``<root>/<namespace>/namespace.json`` beside ``<root>/<namespace>/<h[:2]>/<h[2:4]>/<hash>.kvf``;
-quarantined files under ``<root>/.quarantine/``. No I/O here.
+quarantined files under ``<root>/.quarantine/``; the tiers' coordination of a shared root (lease, engines'
+journals, the evictor's state, start-up probes) under ``<root>/.kvformat/``. No I/O here.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from ..errors import SchemaError
 if TYPE_CHECKING:
     from ._spec import BlockKey, CanonicalLayout
 
-__all__ = ["FILE_SUFFIX", "NAMESPACE_FILE", "QUARANTINE_DIR", "BLOCK_PATH_HELP", "hash_relpath", "block_relpath",
-           "block_path_parts"]
+__all__ = ["FILE_SUFFIX", "NAMESPACE_FILE", "QUARANTINE_DIR", "CONTROL_DIR", "BLOCK_PATH_HELP", "hash_relpath",
+           "block_relpath", "block_path_parts"]
 
 FILE_SUFFIX = ".kvf"
 NAMESPACE_FILE = "namespace.json"
 QUARANTINE_DIR = ".quarantine"
+CONTROL_DIR = ".kvformat"  # never holds .kvf files, so scans and gc pass it by
 BLOCK_PATH_HELP = "<namespace>/<hh>/<hh>/<hash>.kvf"
 _BLOCK_RE = re.compile(r"(?P<ns>[^/]*)/(?P<a>[0-9a-f]{2})/(?P<b>[0-9a-f]{2})/(?P<h>[0-9a-f]+)"
                        + re.escape(FILE_SUFFIX))

@@ -59,22 +59,58 @@ def publish(tmp: str, path: str, d: str, *, overwrite: bool, fsync: bool) -> boo
     return True
 
 
-_HOST_TAG = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+def _read_small(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(256).strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    """The identity of this process's PID namespace ("" where /proc does not say)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def _host_tag() -> str:
+    # Boot id (a fresh UUID per kernel boot: no two hosts or boots share one; the hostname is shared by clones
+    # and by containers with host networking) plus the PID namespace: a pid only means something to readers in
+    # the same namespace of the same running kernel. Without /proc the hostname is all there is.
+    boot = _read_small("/proc/sys/kernel/random/boot_id") or _read_small("/etc/machine-id") or socket.gethostname()
+    return hashlib.sha1(f"{boot}/{_pid_namespace()}".encode()).hexdigest()[:12]
+
+
+_HOST_TAG = _host_tag()
+_TAG_PID = os.getpid()
+
+
+def host_tag() -> str:
+    """This process's writer identity: boot id + PID namespace, hashed (re-derived after a fork into a new
+    PID namespace, e.g. ``unshare --pid --fork``)."""
+    global _HOST_TAG, _TAG_PID
+    if os.getpid() != _TAG_PID:
+        _HOST_TAG, _TAG_PID = _host_tag(), os.getpid()
+    return _HOST_TAG
 
 
 def temp_name() -> str:
-    """``.kvf-tmp-<pid>-<random>-<host tag>``: enough to tell, later, whether its writer is gone."""
-    return f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{_HOST_TAG}"
+    """``.kvf-tmp-<pid>-<random>-<host tag>``: unique across hosts, boots and PID namespaces (the tag is the
+    boot id and PID namespace, hashed), and enough to tell later whether its writer is gone."""
+    return f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{host_tag()}"
 
 
 def temp_writer_gone(name: str) -> bool:
     """Whether the process that wrote temp file ``name`` certainly no longer runs.
 
-    Only decidable for writers of this host (the host tag matches, or an untagged name): a pid of
-    another host says nothing here, so such files are left to the age rule.
+    Decidable only for a writer of this kernel boot *and* this PID namespace (the host tag matches): a pid
+    seen from another namespace or host says nothing here (it may be a live writer's), so such files, and
+    untagged names of older versions, are left to the age rule.
     """
     parts = name[len(TMP_PREFIX):].split("-")
-    if not parts[0].isdigit() or (len(parts) >= 3 and parts[2] != _HOST_TAG):
+    if len(parts) != 3 or not parts[0].isdigit() or parts[2] != host_tag():
         return False
     try:
         os.kill(int(parts[0]), 0)

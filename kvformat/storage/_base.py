@@ -153,6 +153,17 @@ class Store(abc.ABC):
         Returns how many were removed."""
         return 0
 
+    @abc.abstractmethod
+    def list_dir(self, prefix: str) -> builtins.list[StoreEntry]:
+        """The regular files directly under directory ``prefix`` (any name; none if it does not exist).
+
+        For small control directories (the tiers' coordination under ``.kvformat/``), not for block trees."""
+
+    def root_identity(self) -> tuple[int, ...] | None:
+        """What makes the root *this* root for as long as the store runs (a local directory: its device and
+        inode, which change when the mount under the path goes away); None where storage has no such notion."""
+        return None
+
     def _namespace_dirs(self) -> Iterable[str]:
         return ()
 

@@ -347,6 +347,28 @@ class FsspecStore(Store, Requests):
 
         self._runner.run_one("touch", go, relpath, self._where(relpath))
 
+    def list_dir(self, prefix: str) -> builtins.list[StoreEntry]:
+        self._live()
+        base = self._full(prefix.rstrip("/"))
+
+        async def go(_: str) -> builtins.list[dict[str, Any]]:
+            try:
+                found: builtins.list[dict[str, Any]] = await self._afs._ls(base, detail=True)
+                return found
+            except FileNotFoundError:
+                return []
+
+        out = []
+        for info in self._runner.run_one("list", go, prefix, self._where(prefix)):
+            name = self._fs._strip_protocol(info.get("name", "")).rsplit("/", 1)[-1]
+            if info.get("type", "file") == "file" and name and not name.startswith(TMP_PREFIX):
+                out.append(StoreEntry(f"{prefix.rstrip('/')}/{name}", int(info.get("size") or 0), _mtime(info)))
+        try:
+            self._fs.invalidate_cache()
+        except Exception:  # some backends keep no listings cache
+            pass
+        return out
+
     def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
         # dead_writers: an object store cannot tell whether a writer runs; the age rule alone applies.
         self._live()

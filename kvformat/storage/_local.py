@@ -157,6 +157,43 @@ class LocalStore(Store):
         except FileNotFoundError:
             pass
 
+    def list_dir(self, prefix: str) -> builtins.list[StoreEntry]:
+        self._check(prefix)
+        out = []
+        try:
+            with os.scandir(self._abs(prefix)) as it:
+                for e in it:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and not e.name.startswith(TMP_PREFIX):
+                        out.append(StoreEntry(f"{prefix}/{e.name}", st.st_size, st.st_mtime))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return out
+
+    def root_identity(self) -> tuple[int, int]:
+        st = os.stat(self.root)
+        return st.st_dev, st.st_ino
+
+    def make_parent(self, relpath: str, keep: int = 1) -> None:
+        """Create the missing directories above ``relpath`` except its first ``keep`` levels, which must exist.
+
+        A tier creates its hash directories this way, never the namespace directory: when the root's mount
+        is gone the path leads to the mount point's own (empty) directory, and the write fails with
+        ``FileNotFoundError`` instead of re-creating the tree on the disk underneath."""
+        parts = relpath.split("/")[:-1]
+        base = os.path.join(self.root, *parts[:keep])
+        if not os.path.isdir(base):
+            raise FileNotFoundError(errno.ENOENT, "the directory the store writes under is gone", base)
+        for part in parts[keep:]:
+            base = os.path.join(base, part)
+            try:
+                os.mkdir(base)
+            except FileExistsError:
+                pass
+
     def cleanup_temp(self, older_than_s: float = 0.0, *, dead_writers: bool = False) -> int:
         """Remove temp files older than ``older_than_s``; with ``dead_writers`` also, at any age, those
         whose writer (a process of this host) is gone. A live writer's temp file is never touched."""

@@ -367,6 +367,21 @@ class StoreTests:
         assert store.cleanup_temp(older_than_s=3600) == 0 and self.raw_exists(store, tmp)
         assert store.cleanup_temp(older_than_s=0) == 1 and not self.raw_exists(store, tmp)
 
+    def test_list_dir_and_probe(self, store: Store) -> None:
+        # The small control directories of a shared root (cache/_shared.py) and the start-up probe of a tier.
+        from ..storage._probe import probe_store
+
+        assert store.list_dir(".kvformat/engines") == []
+        store.put(".kvformat/engines/a.json", [b"{}"], overwrite=True)
+        store.put(".kvformat/engines/a.json", [b'{"beat": 2}'], overwrite=True)  # rewritten whole
+        assert store.put(".kvformat/engines/b.json", [b"{}"], overwrite=False)
+        assert not store.put(".kvformat/engines/b.json", [b"{}"], overwrite=False)  # exclusive create
+        self.raw_write(store, f".kvformat/engines/{TMP_PREFIX}1-x", b"a writer's temp")
+        got = sorted(store.list_dir(".kvformat/engines"), key=lambda e: e.relpath)
+        assert [(e.relpath, e.size) for e in got] == [(".kvformat/engines/a.json", 11), (".kvformat/engines/b.json", 2)]
+        assert store.read_bytes(".kvformat/engines/a.json") == b'{"beat": 2}'
+        assert probe_store(store) is None and store.list_dir(".kvformat/probe") == []
+
     def test_close(self, store: Store) -> None:
         L = layout()
         rel = store.put_block(payload(L, 14), L, key(14))[0]

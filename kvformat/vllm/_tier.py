@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,7 +47,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import (
-    JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
+    TIER_LABEL, JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
 )
 
 from .._version import __version__
@@ -53,21 +55,29 @@ from ..format._paths import block_path_parts
 from ..format._spec import Provenance
 from ._facts import deployment_facts, derive_layout, derive_plans
 from ..cache._config import TierConfig
+from ..cache._health import unusable_root
+from ..cache._log import CacheLog
 from ..cache._lru import LRUIndex
+from ..cache._ops import RootOps
 from ..cache._pool import DualPool
 from ..cache._jobs import CounterReport, Job, JobBook, shutdown_bounded
 from ..cache._rows import RowEngine
 from ..cache._sealing import sealed_plans
 from ..errors import SchemaError
-from ..storage import open_store
+from ..storage import Store, open_store
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
-logger = logging.getLogger("kvformat.vllm")
+# A child of vLLM's "vllm" logger: the handlers, format and level vLLM configures (VLLM_LOGGING_LEVEL,
+# VLLM_LOGGING_CONFIG_PATH, --logging-config) apply to kvformat's lines as to vLLM's own.
+logger = logging.getLogger("vllm.kvformat")
 
 METRIC_PREFIX = "vllm:kv_offload_kvformat_"
+REASON_LABEL = "reason"
+# Which entry of the spec's secondary_tiers each tier object is (its label), claimed in construction order.
+_CLAIMED: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
 _COUNTER_DOCS = {
     "bytes_written": "Bytes of kvformat files written (header + data, one canonical copy per chunk).",
     "files_written": "kvformat files written.",
@@ -87,10 +97,27 @@ _COUNTER_DOCS = {
                      "the key, or altered): quarantined, served as misses.",
     "unknown_key_files": "Sealed files under a key this tier does not hold (another deployment's, or a key not "
                          "configured): served as misses, left in place.",
+    "store_failures": "Chunks not stored, all reasons (store_failures_by_reason has each reason).",
+    "lookup_hits": "Lookups this tier answered with a hit.",
+    "lookup_misses": "Lookups this tier answered with a miss.",
+}
+_REASON_DOCS = {
+    "store_failures_by_reason": "Chunks not stored, by reason: an errno name (ENOSPC, EROFS, EACCES, ENOENT), "
+                                "TimeoutError/ConnectionError (remote roots), bound (the shared root's allowance "
+                                "is used up), coordination (no current state from the root's evictor), evicting, "
+                                "root_lost, root_degraded, replica_mismatch, contended, shutdown.",
+    "quarantined": "Files moved to <root>/.quarantine, by reason (the error class).",
 }
 _GAUGE_DOCS = {
     "used_bytes": "Bytes of kvformat files under the root, as this tier accounts them.",
     "files": "kvformat files under the root, as this tier accounts them.",
+    "root_healthy": "1 while the root is usable and is the root it was at start-up; 0: stores and loads stopped.",
+    "root_used_bytes": "Bytes of kvformat files under a shared root, as its evictor last published (bounded "
+                       "roots only).",
+    "root_engines": "Engines sharing this root, as its evictor last published (bounded roots only).",
+    "evictor": "1 when this tier is its shared root's evictor (bounded roots only).",
+    "scan_files": "Files the start-up scan of the root has listed so far.",
+    "scan_done": "1 once the start-up scan of the root has finished.",
 }
 
 
@@ -148,9 +175,16 @@ class KVFormatTier(SecondaryTierManager):
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        # Every series carries vLLM's own tier label ("2:KVFormatTier"), so two kvformat tiers in one engine (a
+        # local disk and an S3 bucket) are two series, joinable with vllm:kv_offload_tiering_*{tier=...}.
+        tier = (TIER_LABEL,)
         out: dict[str, OffloadingMetricMetadata] = {
-            METRIC_PREFIX + k: OffloadingCounterMetadata(documentation=d) for k, d in _COUNTER_DOCS.items()}
-        out.update({METRIC_PREFIX + k: OffloadingGaugeMetadata(documentation=d) for k, d in _GAUGE_DOCS.items()})
+            METRIC_PREFIX + k: OffloadingCounterMetadata(documentation=d, labelnames=tier)
+            for k, d in _COUNTER_DOCS.items()}
+        out.update({METRIC_PREFIX + k: OffloadingCounterMetadata(documentation=d, labelnames=(TIER_LABEL, REASON_LABEL))
+                    for k, d in _REASON_DOCS.items()})
+        out.update({METRIC_PREFIX + k: OffloadingGaugeMetadata(documentation=d, labelnames=tier)
+                    for k, d in _GAUGE_DOCS.items()})
         return out
 
     def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str, root: str,
@@ -158,7 +192,8 @@ class KVFormatTier(SecondaryTierManager):
                  compression_level: int = 3, verify: bool = True, max_bytes: int | str | None = None,
                  o_direct: str = "off", fsync: bool = False, replica_policy: str = "verify",
                  model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
-                 enable_kv_events: bool = False, locality: str | None = None, seal: str = "off",
+                 enable_kv_events: bool = False, locality: str | None = None, start_degraded: bool = False,
+                 shared_allowance: int | str | None = None, shared_interval_s: float = 1.0, seal: str = "off",
                  seal_key: str | None = None, seal_read_keys: list[str] | None = None,
                  backpressure_detector: "BackpressureDetector | None" = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -167,7 +202,11 @@ class KVFormatTier(SecondaryTierManager):
                                        max_bytes=max_bytes, o_direct=o_direct, fsync=fsync,
                                        replica_policy=replica_policy, model_revision=model_revision,
                                        storage_options=storage_options, enable_kv_events=enable_kv_events,
-                                       locality=locality, seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys)
+                                       locality=locality, start_degraded=start_degraded,
+                                       shared_allowance=shared_allowance, shared_interval_s=shared_interval_s,
+                                       seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys)
+        self.tier_label = _tier_label(offloading_spec, tier_type, root)
+        self.log = CacheLog(logger, prefix=f"kvformat tier {self.tier_label}")
         self.locality = Locality(locality) if locality is not None else None
         self.plans, self.facts = derive_plans(offloading_spec, model_revision)
         self.plans = sealed_plans(self.plans, self.config)  # the namespace says how files are sealed
@@ -179,10 +218,7 @@ class KVFormatTier(SecondaryTierManager):
         self.layout = self.plans[first].layout  # the first group's (most deployments have one group)
         self.namespace = self.layout.namespace()
         self._ns_group = {p.layout.namespace(): g for g, p in self.plans.items()}
-        if "://" not in root or root.startswith("file://"):
-            self.store = open_store(root, o_direct=o_direct)  # storage_options are for URL roots only
-        else:
-            self.store = open_store(root, **self.config.storage_options)
+        self.store = self._open_store(root)
         self.events: list[OffloadingEvent] | None = None
         if enable_kv_events:
             if offloading_spec.kv_events_config.enable_kv_cache_events:
@@ -210,19 +246,38 @@ class KVFormatTier(SecondaryTierManager):
             self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
                                         self.config, prov, self.index, self._on_removed, share=shared)
         self.engine = self.engines[first]
+        self.engine.log = self.log
+        namespaces = ", ".join(f"group {g} -> {p.layout.namespace()} ({p.describe()})" for g, p in self.plans.items())
+        self.ops = RootOps(self.store, self.config, self.index, list(self.engines.values()), self.log,
+                           describe=f"{self.row_kind} rows ({self.copies} slot(s)), {namespaces}")
+        try:
+            self.ops.start()  # raises (naming the parameter) rather than start a tier that can never store
+        except BaseException:
+            for eng in self.engines.values():
+                eng.close()  # no view of vLLM's primary buffer may outlive a tier that failed to start
+            try:
+                self._flat.release()
+            except BufferError:  # still exported somewhere: left to the garbage collector
+                pass
+            raise
+        self._stop = self.ops.stop
         self._pool = DualPool(self.config.read_threads, self.config.write_threads)
         self._lookups = _Lookups(self, tier_type)
-        self._jobs = JobBook(self._pool, self._target, self.engine.warn_once, JobResult,
+        self._jobs = JobBook(self._pool, self._target, self.engine.warn, JobResult,
                              self._on_stored if self.events is not None else None, self._lookups.mark_miss)
         self._report = CounterReport(self.engine.counters, self.index)
-        self._stop = threading.Event()
-        self._scan = threading.Thread(target=self.engine.scan, args=(self._stop,), name="kvformat_tier_scan",
-                                      daemon=True)
-        self._scan.start()
-        for g, plan in self.plans.items():
-            logger.info("KVFormatTier at %s: group %d -> namespace %s, %s rows (%d slot(s)), %s, max_bytes=%s",
-                        root, g, plan.layout.namespace(), self.row_kind, self.copies, plan.describe(),
-                        self.config.max_bytes)
+
+    def _open_store(self, root: str) -> Store:
+        local = "://" not in root or root.startswith("file://")
+        try:
+            if local:  # storage_options are for URL roots only
+                if self.config.storage_options:
+                    logger.warning("kvformat tier %s: storage_options are ignored for the local root %s",
+                                   self.tier_label, root)
+                return open_store(root, o_direct=self.config.o_direct)
+            return open_store(root, **self.config.storage_options)
+        except OSError as e:
+            raise unusable_root(root, not local, "open", e) from e
 
     # -- helpers ---------------------------------------------------------------------------------
     def _target(self, key: OffloadKey) -> tuple[RowEngine | None, str | None]:
@@ -280,15 +335,20 @@ class KVFormatTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         eng, h = self._target(key)
+        counters = self.engine.counters
         if eng is None or h is None or key in self._jobs.failed:
+            counters.add(lookup_misses=1)
             return LookupResult.MISS
         rel = eng.relpath(h)
-        if rel in self.index:
+        if rel in self.index and eng.can_read(rel):
+            counters.add(lookup_hits=1)
             return LookupResult.HIT
         found = self._lookups.lookup(key, req_context)
         if found is None:
             return LookupResult.RETRY
-        return LookupResult.HIT if found and rel in self.index else LookupResult.MISS
+        hit = found and rel in self.index and eng.can_read(rel)
+        counters.add(**{"lookup_hits" if hit else "lookup_misses": 1})
+        return LookupResult.HIT if hit else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._submit(job_metadata, load=False)
@@ -348,20 +408,39 @@ class KVFormatTier(SecondaryTierManager):
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
+        label = (self.tier_label,)
         for k, d in self._report.deltas().items():
-            stats.increase_counter(METRIC_PREFIX + k, d)
-        stats.set_gauge(METRIC_PREFIX + "used_bytes", self.index.used)
-        stats.set_gauge(METRIC_PREFIX + "files", len(self.index))
+            stats.increase_counter(METRIC_PREFIX + k, d, label)
+        quarantined, failed = self._report.reason_deltas()
+        for reason, d in quarantined.items():
+            stats.increase_counter(METRIC_PREFIX + "quarantined", d, (self.tier_label, reason))
+        for reason, d in failed.items():
+            stats.increase_counter(METRIC_PREFIX + "store_failures_by_reason", d, (self.tier_label, reason))
+        for k, v in self.ops.gauges().items():
+            stats.set_gauge(METRIC_PREFIX + k, v, label)
         return stats
 
     def counters(self) -> dict[str, int]:
-        """Cumulative counters since start (plus ``quarantined:<reason>`` counts, ``used_bytes``, ``files``)."""
-        return self._report.totals()
+        """Cumulative counters since start (plus ``quarantined:<reason>`` and ``store_failures:<reason>`` counts
+        and the gauges: ``used_bytes``, ``files``, ``root_healthy`` …)."""
+        out = self._report.totals()
+        out.update(self.ops.gauges())
+        return out
 
     def wait_scanned(self, timeout: float | None = None) -> bool:
         """Block until the start-up scan of the root has finished (tests, tools)."""
-        self._scan.join(timeout)
-        return not self._scan.is_alive()
+        self.ops.scan.join(timeout)
+        return not self.ops.scan.is_alive() and self.ops.progress.done
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Block until the tier serves as it will from now on (root usable, scan done, on a shared root admitted
+        by its evictor); False if that did not happen within ``timeout`` seconds (tests, tools)."""
+        deadline = time.monotonic() + timeout
+        while not self.ops.ready():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def shutdown(self) -> None:
         """Stop within ``shutdown_timeout_s``: queued jobs fail (each reported once), running ones finish.
@@ -372,11 +451,27 @@ class KVFormatTier(SecondaryTierManager):
         more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
         running copy.
         """
-        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self.engines.values(), self._pool, self._scan,
+        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self.engines.values(), self._pool, self.ops.scan,
                                 self._lookups.shutdown, self._flat):
-            logger.warning("kvformat tier: shutdown gave up after %.0f s waiting for storage I/O at %s; "
-                           "the primary buffer is left to the garbage collector", self.shutdown_timeout_s,
-                           self.store.root)
+            self.log.warning("shutdown gave up after %.0f s waiting for storage I/O at %s; the primary buffer is "
+                             "left to the garbage collector", self.shutdown_timeout_s, self.store.root)
+        # After the stores finished: the last journal (or the released lease) then counts every file written.
+        self.ops.close(min(5.0, self.shutdown_timeout_s / 2))
+
+
+def _tier_label(spec: Any, tier_type: str, root: str) -> str:
+    """vLLM's label of this tier (``"<index + 1>:<type>"``, as TieringMetricsTracker.tier_label spells it): the
+    first entry of the spec's ``secondary_tiers`` with this type and root not claimed by an earlier tier object
+    (vLLM builds the tiers in list order). ``tier_type`` alone when the spec has no such list."""
+    configs = getattr(spec, "secondary_tier_configs", None)
+    if not isinstance(configs, list):
+        return tier_type
+    claimed = _CLAIMED.setdefault(spec, set())
+    for i, c in enumerate(configs):
+        if isinstance(c, dict) and c.get("type") == tier_type and str(c.get("root")) == root and i not in claimed:
+            claimed.add(i)
+            return f"{i + 1}:{tier_type}"
+    return tier_type
 
 
 __all__ = ["KVFormatTier", "deployment_facts", "derive_plans", "derive_layout", "METRIC_PREFIX"]

@@ -1,0 +1,178 @@
+"""What an operator lives with, for any engine's adapter (no engine import): the start-up checks (parameters
+against the chunk size, the root probed), the root-wide bound of a shared root, the root's health while the
+cache runs, the start-up scan, one summary line, and the values the adapter reports as metrics.
+
+An adapter builds its row engines, then :class:`RootOps` with them and calls :meth:`RootOps.start` (which raises
+:class:`~kvformat.errors.RootUnusableError` or :class:`~kvformat.errors.SchemaError` naming the parameter);
+:meth:`RootOps.close` at shutdown. One housekeeping thread runs the shared bound's ticks and the health checks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ..format._sizes import format_size
+from ..storage import Store
+from ..storage._local import LocalStore
+from ._config import TierConfig
+from ._health import RootHealth
+from ._log import CacheLog
+from ._lru import LRUIndex
+from ._rows import RowEngine
+from ._scan import ScanProgress
+from ._shared import SharedBound, default_allowance
+
+__all__ = ["RootOps"]
+
+
+class RootOps:
+    """The root-level side of one cache (one adapter instance): see the module docstring."""
+
+    def __init__(self, store: Store, cfg: TierConfig, index: LRUIndex, engines: list[RowEngine], log: CacheLog, *,
+                 describe: str = "") -> None:
+        self.store = store
+        self.cfg = cfg
+        self.index = index
+        self.engines = engines
+        self.log = log
+        self.describe = describe
+        self.stop = threading.Event()
+        self.progress = ScanProgress()
+        self.health = RootHealth(store, cfg.root, log, start_degraded=cfg.start_degraded)
+        self.shared: SharedBound | None = None
+        self.file_bytes = 0
+        self.scan = threading.Thread(target=self._scan, name="kvformat_scan", daemon=True)
+        self._keeper = threading.Thread(target=self._keep, name="kvformat_keeper", daemon=True)
+        self._summary_logged = False
+
+    @property
+    def counters(self) -> Any:
+        return self.engines[0].counters
+
+    def start(self) -> None:
+        """Check the bound against the chunk size, prove the root usable, join the shared root, then start
+        the scan and the housekeeping thread. Raises (SchemaError, RootUnusableError) instead of starting
+        a cache that would never store anything."""
+        self.file_bytes = max(e.file_bytes() for e in self.engines)
+        small = self.cfg.check_bound(self.file_bytes)
+        if small:
+            self.log.warning("%s", small)
+        for eng in self.engines:
+            eng.log = self.log
+            eng.health = self.health
+        self.health.startup([e.layout for e in self.engines])
+        if self.cfg.max_bytes is not None:
+            main = self.engines[0]
+            self.shared = SharedBound(
+                self.store, self.index, max_bytes=self.cfg.max_bytes, log=self.log, counters=main.counters,
+                allowance=self.cfg.shared_allowance or default_allowance(self.cfg.max_bytes, self.file_bytes),
+                delete=main.delete_now, rescan=lambda: self._rescan(), scanned=lambda: self.progress.done,
+                interval_s=self.cfg.shared_interval_s)
+            for eng in self.engines:
+                eng.shared = self.shared
+            if self.health.usable:
+                self.shared.tick()  # a lone engine is its root's evictor before the first store arrives
+        self.log.info("starting on %s (%s): %s; max_bytes=%s%s; %d read + %d write threads, verify=%s, "
+                      "compression=%s, o_direct=%s, fsync=%s; root %s; scanning the root in the background",
+                      self.store.root, self.backend, self.describe, self._bound(), self._shared_text(),
+                      self.cfg.read_threads, self.cfg.write_threads, self.cfg.verify, self.cfg.compression,
+                      self.cfg.o_direct, self.cfg.fsync, self.health.state)
+        self.scan.start()
+        self._keeper.start()
+
+    @property
+    def backend(self) -> str:
+        return "local" if isinstance(self.store, LocalStore) else self.store.root.split("://", 1)[0]
+
+    def _bound(self) -> str:
+        m = self.cfg.max_bytes
+        return "unbounded" if m is None else f"{m} ({format_size(m)})"
+
+    def _shared_text(self) -> str:
+        sb = self.shared
+        if sb is None:
+            return ""
+        role = "evictor" if sb.is_evictor else "follower"
+        return f", shared root: {role} (allowance {format_size(sb.allowance)} per engine)"
+
+    def _scan(self) -> None:
+        if not self.health.usable:  # a degraded root: scanned once it works (see _keep)
+            return
+        self.engines[0].scan(self.stop, self.progress)
+
+    def _rescan(self) -> None:
+        """The evictor's rescan on taking over (on the housekeeping thread, after the start-up scan ended)."""
+        p = ScanProgress()
+        self.engines[0].scan(self.stop, p)
+        self.log.info("rescanned the shared root as its new evictor: %d files (%s) in %.1f s", p.files,
+                      format_size(p.bytes), p.seconds)
+
+    def _keep(self) -> None:
+        interval = self.cfg.shared_interval_s
+        next_tick = 0.0
+        while not self.stop.is_set():
+            self.health.wake.wait(max(0.0, next_tick - time.monotonic()))
+            if self.stop.is_set():
+                return
+            self.health.wake.clear()
+            was = self.health.state
+            try:
+                usable = self.health.check()  # also at once after a failed store: a mount that went away
+            except Exception as e:  # a bug must not end the thread that watches the root
+                self.log.warn("health:" + type(e).__name__, "checking the root failed: %s: %s", type(e).__name__, e)
+                usable = self.health.usable
+            if usable and was != "ok" and not self.progress.done and not self.scan.is_alive():
+                self.scan = threading.Thread(target=self._scan, name="kvformat_scan", daemon=True)
+                self.scan.start()  # the root became usable after a degraded start: scan it now
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + interval
+                if usable and self.shared is not None:
+                    self.shared.tick()
+                self.log.flush()
+                if self.progress.done and not self._summary_logged:
+                    self._summary_logged = True
+                    self.summary()
+            else:
+                self.stop.wait(0.05)  # woken by failing stores: examine the root at most 20 times a second
+
+    def ready(self) -> bool:
+        """Whether the cache serves as it will from now on: root usable, start-up scan done and, on a shared root,
+        this engine is the evictor or admitted by it (until then a follower's stores fail and loads miss)."""
+        if not (self.health.usable and self.progress.done):
+            return False
+        return self.shared is None or self.shared.is_evictor or self.shared.may_read("")
+
+    def summary(self) -> None:
+        """The one start-up summary line (logged when the scan has finished)."""
+        p = self.progress
+        self.log.info("ready: root %s (%s), %s; max_bytes=%s%s; found %d files (%s) in %.1f s%s; used %s in "
+                      "%d files; %d read + %d write threads, verify=%s, compression=%s; root %s",
+                      self.store.root, self.backend, self.describe, self._bound(), self._shared_text(), p.files,
+                      format_size(p.bytes), p.seconds, f" (listing failed: {p.error})" if p.error else "",
+                      format_size(self.index.used), len(self.index), self.cfg.read_threads, self.cfg.write_threads,
+                      self.cfg.verify, self.cfg.compression, self.health.state)
+
+    def gauges(self) -> dict[str, int]:
+        """Point-in-time values for metrics: usage as this engine accounts it, the root's health, the shared
+        root's view, the scan's progress."""
+        out = {"used_bytes": self.index.used, "files": len(self.index),
+               "root_healthy": int(self.health.usable), "scan_files": self.progress.files,
+               "scan_done": int(self.progress.done)}
+        if self.shared is not None:
+            view = self.shared.root_view()
+            out["evictor"] = int(bool(view.get("evictor")))
+            out["root_engines"] = int(view.get("engines") or 1)
+            out["root_used_bytes"] = int(view.get("used") or (self.index.used if view.get("evictor") else 0))
+        return out
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the housekeeping thread; leave the shared root (a released lease, a last journal)."""
+        self.stop.set()
+        self.health.wake.set()
+        if self._keeper.is_alive():
+            self._keeper.join(timeout_s)
+        if self.shared is not None and self.health.usable:
+            self.shared.close()
