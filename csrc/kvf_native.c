@@ -32,6 +32,8 @@ static PyObject *py_xxh3_64(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static const char *const kPathNames[] = {"scalar", "avx2", "avx512"};
+
 static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
@@ -41,16 +43,19 @@ static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     else if (!strcmp(name, "avx2")) {
         if (!kvf_xxh3_have_avx2()) { PyErr_SetString(PyExc_ValueError, "this CPU has no AVX2"); return NULL; }
         want = 1;
-    } else { PyErr_SetString(PyExc_ValueError, "expected 'auto', 'scalar' or 'avx2'"); return NULL; }
+    } else if (!strcmp(name, "avx512")) {
+        if (!kvf_xxh3_have_avx512()) { PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512F"); return NULL; }
+        want = 2;
+    } else { PyErr_SetString(PyExc_ValueError, "expected 'auto', 'scalar', 'avx2' or 'avx512'"); return NULL; }
     kvf_xxh3_select(want);
-    return PyUnicode_FromString(prev == 1 ? "avx2" : "scalar");
+    return PyUnicode_FromString(kPathNames[prev]);
 }
 
-static PyObject *py_simd(PyObject *self, PyObject *noargs) {
-    return PyUnicode_FromString(kvf_xxh3_path() == 1 ? "avx2" : "scalar");
-}
+static PyObject *py_simd(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(kPathNames[kvf_xxh3_path()]); }
 
 static PyObject *py_have_avx2(PyObject *self, PyObject *noargs) { return PyBool_FromLong(kvf_xxh3_have_avx2()); }
+
+static PyObject *py_have_avx512(PyObject *self, PyObject *noargs) { return PyBool_FromLong(kvf_xxh3_have_avx512()); }
 
 /* Read exactly len bytes at off (short only at end of file). Returns bytes read or -errno. */
 static ssize_t read_full(int fd, struct iovec *iov, int n, off_t off) {
@@ -244,9 +249,10 @@ static PyMethodDef methods[] = {
      "copy_runs(dst, src, runs): copy int64 (src off, dst off, bytes, count, src stride, dst stride) runs, GIL "
      "released; ValueError if a piece lies outside a buffer."},
     {"xxh3_64", py_xxh3_64, METH_O, "xxh3_64(buffer) -> int: XXH3-64, seed 0, default secret."},
-    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' or 'scalar': the accumulate kernel in use."},
-    {"set_simd", py_set_simd, METH_O, "set_simd('auto'|'scalar'|'avx2') -> the previous kernel's name."},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512', 'avx2' or 'scalar': the accumulate kernel in use."},
+    {"set_simd", py_set_simd, METH_O, "set_simd('auto'|'scalar'|'avx2'|'avx512') -> the previous kernel's name."},
     {"have_avx2", py_have_avx2, METH_NOARGS, "have_avx2() -> whether this CPU runs the AVX2 kernel."},
+    {"have_avx512", py_have_avx512, METH_NOARGS, "have_avx512() -> whether this CPU (and OS) runs the AVX-512 kernel."},
     {"pread_hash", (PyCFunction)(void (*)(void))py_pread_hash, METH_VARARGS | METH_KEYWORDS, pread_hash_doc},
     {"pwrite_hash", (PyCFunction)(void (*)(void))py_pwrite_hash, METH_VARARGS | METH_KEYWORDS, pwrite_hash_doc},
     {NULL, NULL, 0, NULL},

@@ -2,7 +2,7 @@
 
     python tools/bench_native.py [--bytes 4497408] [--dir /dev/shm] [--repeats 7]
 
-Prints GB/s medians (min-max) of: memcpy, xxh3 (python-xxhash, native scalar, native AVX2), a read of
+Prints GB/s medians (min-max) of: memcpy, xxh3 (python-xxhash, native scalar, AVX2, AVX-512 where the CPU has them), a read of
 header+payload then a separate hash (today's path) vs the fused read at several piece sizes, and the same
 for writes. Interleaved repeats: each round runs every case once.
 """
@@ -76,7 +76,7 @@ def main() -> None:
     def write_only() -> None:
         os.pwritev(fd, [header, mv_src], 0)
 
-    kernels = ["scalar"] + (["avx2"] if N.have_avx2() else [])
+    kernels = ["scalar"] + (["avx2"] if N.have_avx2() else []) + (["avx512"] if N.have_avx512() else [])
     cases = {"memcpy": memcpy, "xxh3 python-xxhash": py_hash}
     cases.update({f"xxh3 native {k}": nat(k) for k in kernels})
     cases["read only (preadv)"] = read_only
