@@ -244,6 +244,97 @@ done:
     return ret;
 }
 
+/* header_match: the tier's header check without parsing (spec section 11.1). A reader that has fully decoded
+ * and checked a header region keeps it as a template; a later region that equals it outside the per-file
+ * fields (block key, checksums, creation time) is the same header with those fields' values, provided each
+ * field still holds its syntax (lowercase hex, canonical decimal) and, when verifying, the region's own
+ * checksum holds. memcmp + one xxh3 of a few KiB: about a microsecond, so the GIL is kept for small regions. */
+static int span_ok(const unsigned char *p, int64_t n, int64_t kind) {
+    if (n <= 0) return 0;
+    if (kind == 0) {  /* lowercase hex */
+        for (int64_t i = 0; i < n; i++)
+            if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) return 0;
+        return 1;
+    }
+    if (n > 1 && p[0] == '0') return 0;  /* canonical decimal: no leading zero */
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9') return 0;
+    return 1;
+}
+
+static int region_match(const unsigned char *h, const unsigned char *t, Py_ssize_t len, const int64_t *sp,
+                        Py_ssize_t nsp, Py_ssize_t hpos, int verify, unsigned char *scratch, uint64_t *hh) {
+    int64_t pos = 0;
+    for (Py_ssize_t i = 0; i < nsp; i++) {
+        const int64_t *x = sp + 3 * i;
+        if (memcmp(h + pos, t + pos, (size_t)(x[0] - pos))) return 1;
+        if (!span_ok(h + x[0], x[1] - x[0], x[2])) return 1;
+        pos = x[1];
+    }
+    if (memcmp(h + pos, t + pos, (size_t)(len - pos))) return 1;
+    if (!verify) return 0;
+    memcpy(scratch, h, (size_t)len);
+    memset(scratch + hpos, '0', 16);
+    *hh = kvf_xxh3_64(scratch, (size_t)len);
+    char hex[16];
+    put_hex(hex, *hh);
+    return memcmp(hex, h + hpos, 16) ? 2 : 0;
+}
+
+PyDoc_STRVAR(header_match_doc,
+"header_match(head, template, spans, hxxh3_pos, verify) -> (status, hxxh3)\n\n"
+"spans: int64 triples (start, end, kind) in order, not overlapping; kind 0 = lowercase hex, 1 = canonical\n"
+"decimal; one of them is the 16 digits at hxxh3_pos. status 0: head equals template outside the spans, every\n"
+"span holds its kind and (verify) the header checksum holds; 1: it does not (parse it); 2: it matches but the\n"
+"checksum differs (hxxh3 is the computed one, else 0).");
+
+static PyObject *py_header_match(PyObject *self, PyObject *args) {
+    Py_buffer hb, tb, sb;
+    Py_ssize_t hpos;
+    int verify;
+    if (!PyArg_ParseTuple(args, "y*y*y*np", &hb, &tb, &sb, &hpos, &verify)) return NULL;
+    PyObject *ret = NULL;
+    unsigned char *scratch = NULL;
+    const int64_t *sp = (const int64_t *)sb.buf;
+    Py_ssize_t nsp = sb.len / (3 * (Py_ssize_t)sizeof(int64_t)), len = tb.len;
+    int has_h = 0, status = 1;
+    uint64_t hh = 0;
+    if (sb.len % (3 * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "spans: expected int64 triples");
+        goto done;
+    }
+    for (Py_ssize_t i = 0, prev = 0; i < nsp; i++) {
+        const int64_t *x = sp + 3 * i;
+        if (x[0] < prev || x[1] < x[0] || x[1] > len || (x[2] != 0 && x[2] != 1)) {
+            PyErr_SetString(PyExc_ValueError, "spans: out of order, outside the template or of an unknown kind");
+            goto done;
+        }
+        if (x[0] == hpos && x[1] == hpos + 16 && x[2] == 0) has_h = 1;
+        prev = (Py_ssize_t)x[1];
+    }
+    if (!has_h) {
+        PyErr_SetString(PyExc_ValueError, "hxxh3_pos: not one of the hex spans of 16 digits");
+        goto done;
+    }
+    if (hb.len == len) {
+        if (verify && !(scratch = malloc((size_t)len ? (size_t)len : 1))) { PyErr_NoMemory(); goto done; }
+        if (len >= (1 << 16)) {
+            Py_BEGIN_ALLOW_THREADS
+            status = region_match(hb.buf, tb.buf, len, sp, nsp, hpos, verify, scratch, &hh);
+            Py_END_ALLOW_THREADS
+        } else {
+            status = region_match(hb.buf, tb.buf, len, sp, nsp, hpos, verify, scratch, &hh);
+        }
+    }
+    ret = Py_BuildValue("iK", status, (unsigned long long)(status == 2 ? hh : 0));
+done:
+    free(scratch);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&sb);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"copy_runs", py_copy_runs, METH_VARARGS,
      "copy_runs(dst, src, runs): copy int64 (src off, dst off, bytes, count, src stride, dst stride) runs, GIL "
@@ -255,6 +346,7 @@ static PyMethodDef methods[] = {
     {"have_avx512", py_have_avx512, METH_NOARGS, "have_avx512() -> whether this CPU (and OS) runs the AVX-512 kernel."},
     {"pread_hash", (PyCFunction)(void (*)(void))py_pread_hash, METH_VARARGS | METH_KEYWORDS, pread_hash_doc},
     {"pwrite_hash", (PyCFunction)(void (*)(void))py_pwrite_hash, METH_VARARGS | METH_KEYWORDS, pwrite_hash_doc},
+    {"header_match", py_header_match, METH_VARARGS, header_match_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,6 +17,7 @@ from ._header import _hxxh3_pos, decode_header
 from ._read import _O_DIRECT, _open_regular
 from ._consts import ALIGNMENT, MAX_HEADER_BYTES
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
+from ._template import HeaderTemplates
 from ._write import TempFile, publish, temp_name
 from ..errors import ChecksumError, KVFormatError, TruncatedError
 
@@ -24,7 +25,8 @@ _DXXH3_FIELD = b'"kvf.dxxh3":"'
 
 
 def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
-                    key: BlockKey | None = None, verify: bool = True, o_direct: bool = False) -> BlockHeader:
+                    key: BlockKey | None = None, verify: bool = True, o_direct: bool = False,
+                    templates: HeaderTemplates | None = None) -> BlockHeader:
     """:func:`read_into` with header and payload in ONE read and the payload hashed as it lands.
 
     The header region's size is guessed as (file size - payload size), exact for every uncompressed
@@ -34,7 +36,9 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     layout mismatch. Anything the guess does not fit (compressed files, other layouts) takes
     :func:`read_into`. ``o_direct``: the same one read through an O_DIRECT descriptor when ``out`` is
     page-aligned and the payload a whole number of pages (else, or where the filesystem refuses it,
-    buffered). Raises what :func:`read_into` raises.
+    buffered). ``templates`` (of ``expect``'s layout, with ``key`` given): a header equal to one already
+    checked outside its per-file fields is checked by comparison instead of parsed (spec §11.1), and a header
+    parsed and checked here becomes a template. Raises what :func:`read_into` raises.
     """
     from . import _io, _native  # _io: the general read, for files the guess does not fit
 
@@ -62,8 +66,12 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
             head = bytearray(guess)
             hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         touched = dgot > 0
-        hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
-        check_expected(hdr, expect, key)
+        usable = templates is not None and key is not None and expect is templates.layout
+        hdr = templates.match(memoryview(head)[:hgot], size, key, verify) if usable else None  # type: ignore[union-attr,arg-type]
+        learn = usable and hdr is None
+        if hdr is None:
+            hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
+            check_expected(hdr, expect, key)
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
@@ -74,6 +82,8 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
             actual = f"{digest:016x}"
             if actual != hdr.data_xxh3:
                 raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
+        if learn:
+            templates.learn(bytes(memoryview(head)[:hgot]), hdr)  # type: ignore[union-attr]
         return hdr
     except KVFormatError as e:
         if touched:
