@@ -60,7 +60,10 @@ class DualPool:
             finally:
                 with self._cv:
                     self._busy -= 1
-                    self._cv.notify_all()
+                    # Only wait_idle waits for this: waking every idle I/O thread after every chunk (they go
+                    # back to sleep at once) cost each chunk a round of context switches on a busy host.
+                    if not (self._busy or self._loads or self._stores):
+                        self._cv.notify_all()
 
     def wait_idle(self) -> None:
         """Block until both queues are empty and no task is running."""

@@ -14,7 +14,8 @@ from typing import Any
 
 from ._block import as_bytes_view, check_expected, invalidate
 from ._header import _hxxh3_pos, decode_header
-from ._read import _O_DIRECT, _open_regular
+from . import _native
+from ._read import _O_DIRECT, _open_regular, _open_regular_stat
 from ._consts import ALIGNMENT, MAX_HEADER_BYTES
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
 from ._template import HeaderTemplates
@@ -40,18 +41,24 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     checked outside its per-file fields is checked by comparison instead of parsed (spec §11.1), and a header
     parsed and checked here becomes a template. Raises what :func:`read_into` raises.
     """
-    from . import _io, _native  # _io: the general read, for files the guess does not fit
-
     p = os.fspath(path)
     dst = as_bytes_view(out, writable=True)
     raw = expect.payload_bytes if expect is not None else len(dst)
     direct = o_direct and _O_DIRECT and raw % ALIGNMENT == 0 and raw <= len(dst) and _addr(dst) % ALIGNMENT == 0
-    fd = _open_direct(p) if direct else _open_regular(p)
+    size = -1
+    if direct:
+        fd = _open_direct(p)
+    else:
+        fd, st = _open_regular_stat(p)  # the regular-file check's fstat gives the size too
+        size = st.st_size
     touched = False
     try:
-        size = os.fstat(fd).st_size
+        if size < 0:
+            size = os.fstat(fd).st_size
         guess = size - raw
         if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
+            from . import _io  # the general read, for files the guess does not fit
+
             return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
         head = _head_buffer(guess) if direct else bytearray(guess)
         body = dst[:raw]
@@ -75,6 +82,8 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
+            from . import _io
+
             return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
         if dgot != hdr.data_bytes:  # the file shrank under us
             raise TruncatedError("data", hdr.data_bytes, dgot)
@@ -163,8 +172,6 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
     Returns ``(written, payload xxh3 as 16 hex)``; ``written`` is False when ``overwrite`` is False
     and ``path`` exists.
     """
-    from . import _native
-
     dpos = header.index(_DXXH3_FIELD) + len(_DXXH3_FIELD)
     hpos = _hxxh3_pos(header)
     d = os.path.dirname(path) or "."

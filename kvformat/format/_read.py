@@ -178,13 +178,18 @@ def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None =
 
 
 def _open_regular(p: str) -> int:
+    return _open_regular_stat(p)[0]
+
+
+def _open_regular_stat(p: str) -> tuple[int, os.stat_result]:
+    """:func:`_open_regular` and the file's fstat (the tier's read needs its size: one fstat, not two)."""
     # O_NONBLOCK: opening a FIFO planted under a block's name must not block a reader forever
     # (it is a no-op for regular files); anything but a regular file is not a kvformat file.
     fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        if stat.S_ISDIR(mode):  # an OS error, as a plain read of a directory would give
+        if stat.S_ISDIR(st.st_mode):  # an OS error, as a plain read of a directory would give
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
         raise NotKVFormatError("not a regular file", path=p)
-    return fd
+    return fd, st
