@@ -2,9 +2,9 @@
 
     python tools/bench_native.py [--bytes 4497408] [--dir /dev/shm] [--repeats 7]
 
-Prints GB/s and CPU ms per GB (this thread's CPU time) medians (min-max) of: memcpy, xxh3 (python-xxhash, native scalar, AVX2, AVX-512 where the CPU has them), a read of
-header+payload then a separate hash (today's path) vs the fused read at several piece sizes, and the same
-for writes. Interleaved repeats: each round runs every case once.
+Prints GB/s and CPU ms per GB (this thread's CPU time) medians (min-max) of: memcpy, xxh3 (python-xxhash, native
+scalar, AVX2, AVX-512 where the CPU has them), a read of header+payload then a separate hash (today's path) vs the
+fused read at several piece sizes, and the same for writes. Interleaved repeats: each round runs every case once.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ Timings:
   built-in tier (one task per job) uses its pool too.
 * load GB/s: logical bytes / time from the first ``lookup`` after the primary was emptied until every chunk is
   a HIT in the primary (lookup RETRY steps, promotion, verification and fan-out included).
-* Medians with min-max over ``--repeats`` interleaved repeats (fs, kvf, fs, kvf, ...; ``os.sync()`` before each).
+* CPU s/GB: the process's CPU time (user + system, ``getrusage``: every thread, the tiers' I/O threads and the
+  scheduler thread alike) over the same timed section, per logical GB. On a shared machine this is the stable
+  figure (wall-clock ratios swing with what else runs). ``budget`` = the built-in tier's CPU s/GB plus one hash
+  pass (1 / the in-cache xxh3 rate measured in the same cell): what a verified transfer should cost at most.
+* Medians with min-max over ``--repeats`` interleaved repeats (fs, kvf, fs, kvf, ...; ``os.sync()`` before each);
+  ratios are taken repeat by repeat (kvf of repeat i over fs of repeat i), then their median.
 * limits, measured in the same run on the same medium, interleaved with the repeats: memcpy of one slot, and
   dd-style sequential write (temp file, one ``write`` per chunk, unlink) and read (one ``readv`` per chunk) of the
   same bytes, buffered and with O_DIRECT where the medium takes it. ``frac`` = tier GB/s / limit (store: the
@@ -47,6 +52,7 @@ import ctypes
 import gc
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -104,9 +110,17 @@ def disk_bytes(root: Path, suffix: str) -> tuple[int, int]:
     return n, used
 
 
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far: every thread, the tier's I/O threads included."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list[bytes], root: Path,
-          suffix: str) -> dict[str, float]:
-    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them; GB/s."""
+          suffix: str, on_phase: Callable[[str | None], None] | None = None) -> dict[str, float]:
+    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them: GB/s and CPU s/GB.
+    ``on_phase`` is called as each timed section starts ("store", "load") and ends (None)."""
+    mark = on_phase or (lambda phase: None)
     keys = make_keys(chunks, salt)
     parts = [keys[i::requests] for i in range(requests)]
     mgr = dep.mgr
@@ -121,21 +135,24 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
                 dep._write_row(int(cid), payloads[keys.index(k) % len(payloads)])
             ctxs.append(ctx)
             outs.append(out)
-    t0 = time.perf_counter()
+    mark("store")
+    c0, t0 = cpu_s(), time.perf_counter()
     with mgr.lock:
         for ctx, out in zip(ctxs, outs):
             mgr.complete_store(list(out.keys_to_store), ctx)
             mgr.on_request_finished(ctx)
         mgr.on_schedule_end(_STEP)
     dep.flush(timeout=600)
-    t_store = time.perf_counter() - t0
+    t_store, c_store = time.perf_counter() - t0, cpu_s() - c0
+    mark(None)
     dep.evict_primary()
     with mgr.lock:
         ctxs = [dep._ctx() for _ in parts]
         for ctx in ctxs:
             mgr.on_new_request(ctx)
     pending = [set(p) for p in parts]
-    t0 = time.perf_counter()
+    mark("load")
+    c0, t0 = cpu_s(), time.perf_counter()
     while any(pending):
         with mgr.lock:
             for ctx, pend in zip(ctxs, pending):
@@ -148,7 +165,8 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
             mgr.on_schedule_end(_STEP)
         if any(pending):
             time.sleep(0.0005)
-    t_load = time.perf_counter() - t0
+    t_load, c_load = time.perf_counter() - t0, cpu_s() - c0
+    mark(None)
     with mgr.lock:
         for ctx, part in zip(ctxs, parts):
             spec = mgr.prepare_load(part, ctx)
@@ -159,7 +177,8 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
         mgr.on_schedule_end(_STEP)
     dep.evict_primary()
     logical = chunks * getattr(dep, "logical_bytes", dep.slot_bytes)
-    return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9}
+    gb = logical / 1e9
+    return {"store": gb / t_store, "load": gb / t_load, "store cpu": c_store / gb, "load cpu": c_load / gb}
 
 
 def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.ndarray],
@@ -172,6 +191,15 @@ def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.n
     for _ in range(chunks):
         ctypes.memmove(dst[0].ctypes.data, src.ctypes.data, slot)
     out["memcpy"] = slot * chunks / (time.perf_counter() - t) / 1e9
+    # One hash pass as the fused paths run it: 256 KiB pieces, each hashed while in L2. Its CPU s/GB added to
+    # the built-in tier's CPU s/GB is the CPU budget of a verified transfer.
+    from kvformat.format import _native
+    piece = memoryview(src)[:_native.PIECE]
+    n = max(1, slot * chunks // len(piece))
+    c = time.thread_time()
+    for _ in range(n):
+        _native.xxh3_64(piece)
+    out["xxh3 in-cache"] = len(piece) * n / max(1e-9, time.thread_time() - c) / 1e9
     aligned = slot - slot % 4096
     for mode, flag in (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0))):
         if mode == "direct" and not flag:
@@ -236,7 +264,7 @@ class Fallback:
 
 
 def med(v: list[float]) -> str:
-    return f"{statistics.median(v):5.2f} ({min(v):.2f}-{max(v):.2f})"
+    return f"{statistics.median(v):5.3g} ({min(v):.3g}-{max(v):.3g})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,7 +363,8 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
     deps: dict[str, Any] = {}
     roots: dict[str, Path] = {}
     names = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
-    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": []} for n in names}
+    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": [], "store cpu": [], "load cpu": []}
+                                              for n in names}
     lim: dict[str, list[float]] = {}
     before = dict(CALLS)
     try:
@@ -368,8 +397,8 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
                 with Fallback() if name == "kvpy" else contextlib.nullcontext():
                     r = cycle(deps[name], f"{name}{rep}{tp}{row}{nreq}{shape}", a.chunks, nreq, cell_payloads,
                               roots[name], ".bin" if name == "fs" else ".kvf")
-                for k in ("store", "load"):
-                    res[name][k].append(r[k])
+                for k, v in r.items():
+                    res[name][k].append(v)
                 gc.collect()
             for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads).items():
                 lim.setdefault(k, []).append(v)
@@ -390,10 +419,16 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
           + f"; disk/chunk fs {files['fs'][1] / max(1, files['fs'][0]) / 1e6:.2f} MB, "
             f"kvf {files['kvf'][1] / max(1, files['kvf'][0]) / 1e6:.2f} MB")
     print("  limits GB/s: " + ", ".join(f"{n} {med(v)}" for n, v in lim.items()) + f"  (frac uses {mode})")
+    hash_cpu = 1.0 / statistics.median(lim["xxh3 in-cache"])  # CPU s per GB of one hash pass
     for op, limit in (("store", wlim), ("load", rlim)):
         ratios = [x / y for x, y in zip(k[op], f[op])]
-        print(f"  {op:5} fs {med(f[op])} frac {statistics.median(f[op]) / limit:4.2f} | kvf {med(k[op])} frac "
+        print(f"  {op:5} GB/s fs {med(f[op])} frac {statistics.median(f[op]) / limit:4.2f} | kvf {med(k[op])} frac "
               f"{statistics.median(k[op]) / limit:4.2f} | kvf/fs {med(ratios)}", flush=True)
+        fc, kc = f[op + " cpu"], k[op + " cpu"]
+        # interleaved repeat by repeat, like the GB/s ratios
+        print(f"        CPU s/GB fs {med(fc)} | kvf {med(kc)} | kvf/fs {med([x / y for x, y in zip(kc, fc)])} | "
+              f"budget fs + 1 hash pass {statistics.median(fc) + hash_cpu:.3f} "
+              f"(kvf/budget {statistics.median(kc) / (statistics.median(fc) + hash_cpu):.2f})", flush=True)
         if "kvpy" in res:
             p = res["kvpy"][op]
             print(f"  {op:5} kvformat pure-Python fallback {med(p)} | kvf/fs {med([x / y for x, y in zip(p, f[op])])}"
