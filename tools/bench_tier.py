@@ -117,9 +117,11 @@ def cpu_s() -> float:
 
 
 def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list[bytes], root: Path,
-          suffix: str, on_phase: Callable[[str | None], None] | None = None) -> dict[str, float]:
+          suffix: str, on_phase: Callable[[str | None], None] | None = None, drop: bool = True) -> dict[str, float]:
     """One store of ``chunks`` new keys over ``requests`` requests, then one load of them: GB/s and CPU s/GB.
-    ``on_phase`` is called as each timed section starts ("store", "load") and ends (None)."""
+    ``on_phase`` is called as each timed section starts ("store", "load") and ends (None). ``drop``: delete the
+    files stored (untimed, after their sizes are taken), so the next contender's writes reuse memory freed a
+    moment ago, as this one's did (see ``--keep-files``)."""
     mark = on_phase or (lambda phase: None)
     keys = make_keys(chunks, salt)
     parts = [keys[i::requests] for i in range(requests)]
@@ -178,13 +180,21 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
     dep.evict_primary()
     logical = chunks * getattr(dep, "logical_bytes", dep.slot_bytes)
     gb = logical / 1e9
-    return {"store": gb / t_store, "load": gb / t_load, "store cpu": c_store / gb, "load cpu": c_load / gb}
+    nfiles, used = disk_bytes(root, suffix)
+    if drop:  # behind the tier's back: the next cycle uses new keys, so neither tier looks for these again
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                if name.endswith(suffix):
+                    os.unlink(os.path.join(dirpath, name))
+    return {"store": gb / t_store, "load": gb / t_load, "store cpu": c_store / gb, "load cpu": c_load / gb,
+            "files": nfiles, "bytes": used}
 
 
 def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.ndarray],
-           threads: int) -> dict[str, float]:
+           threads: int, flip: bool = False) -> dict[str, float]:
     """memcpy and dd-style write/read GB/s of ``chunks`` x ``slot`` bytes in ``dirpath`` (buffered, O_DIRECT),
-    one file per chunk over ``threads`` threads like the tiers (os.write/readv release the GIL)."""
+    one file per chunk over ``threads`` threads like the tiers (os.write/readv release the GIL). ``flip``: O_DIRECT
+    first (alternated by repeat: the second mode reuses the memory the first one's files just freed)."""
     from concurrent.futures import ThreadPoolExecutor
     out: dict[str, float] = {}
     t = time.perf_counter()
@@ -201,7 +211,8 @@ def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.n
         _native.xxh3_64(piece)
     out["xxh3 in-cache"] = len(piece) * n / max(1e-9, time.thread_time() - c) / 1e9
     aligned = slot - slot % 4096
-    for mode, flag in (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0))):
+    modes = (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0)))
+    for mode, flag in modes[::-1] if flip else modes:
         if mode == "direct" and not flag:
             continue
         os.sync()
@@ -283,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", default="c" if fs_io._HAS_FSIO_C else "python", choices=["c", "python"])
     ap.add_argument("--kvf-o-direct", default="off", choices=["off", "auto", "on"])
     ap.add_argument("--kvf-fsync", action="store_true")
+    ap.add_argument("--keep-files", action="store_true",
+                    help="keep every cycle's files to the end of the cell (default: each cycle deletes its own, "
+                         "untimed: on a VM whose freed memory is reported to the host (virtio-balloon free page "
+                         "reporting), whoever writes into memory freed seconds ago pays to fault it back in, so "
+                         "the contender that ran second in each repeat paid more per byte stored)")
+    ap.add_argument("--kvf-first", action="store_true",
+                    help="run kvformat before the built-in tier in each repeat (order effects: on a VM whose freed "
+                         "memory goes back to the host, whoever allocates next pays to fault it back in)")
     ap.add_argument("--kvf-fallback", action="store_true",
                     help="also run kvformat with its pure-Python fallbacks (python-xxhash, os.preadv/pwritev) "
                          "as a third contender 'kvpy', interleaved: what the C extension buys")
@@ -362,10 +381,13 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
     cell_payloads = payloads
     deps: dict[str, Any] = {}
     roots: dict[str, Path] = {}
-    names = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
+    names: tuple[str, ...] = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
+    if a.kvf_first:
+        names = names[1:] + names[:1]
     res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": [], "store cpu": [], "load cpu": []}
                                               for n in names}
     lim: dict[str, list[float]] = {}
+    files: dict[str, tuple[int, int]] = {}
     before = dict(CALLS)
     try:
         for name in names:
@@ -396,13 +418,15 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
                 os.sync()  # neither contender pays for the other's (or a previous run's) writeback
                 with Fallback() if name == "kvpy" else contextlib.nullcontext():
                     r = cycle(deps[name], f"{name}{rep}{tp}{row}{nreq}{shape}", a.chunks, nreq, cell_payloads,
-                              roots[name], ".bin" if name == "fs" else ".kvf")
+                              roots[name], ".bin" if name == "fs" else ".kvf", drop=not a.keep_files)
                 for k, v in r.items():
-                    res[name][k].append(v)
+                    if k in ("files", "bytes"):
+                        files[name] = (int(r["files"]), int(r["bytes"]))
+                    else:
+                        res[name][k].append(v)
                 gc.collect()
-            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads).items():
+            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads, flip=rep % 2 == 1).items():
                 lim.setdefault(k, []).append(v)
-        files = {n: disk_bytes(roots[n], ".bin" if n == "fs" else ".kvf") for n in roots}
     finally:
         for name, d in deps.items():
             d.close()
