@@ -8,6 +8,8 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -95,6 +97,41 @@ PyDoc_STRVAR(pread_hash_doc,
 "piece, then piece by piece), hashing dst's bytes right after each piece lands. The hash is None when\n"
 "hash is False or dst was not filled (end of file).");
 
+/* The body of pread_hash, GIL not held: head then dst from fd at offset, dst hashed piece by piece as it lands.
+ * Returns 0 or an errno; *hgot/*dgot the bytes read into each, *h the digest when do_hash and dst was filled. */
+static int pread_hash_core(int fd, void *head, size_t hlen, void *dst, size_t dlen, off_t offset, int do_hash,
+                           size_t piece, ssize_t *hgot_out, ssize_t *dgot_out, uint64_t *h_out) {
+    ssize_t hgot = 0, dgot = 0;
+    int err = 0;
+    kvf_xxh3_state st;
+    kvf_xxh3_init(&st, dst, dlen);
+    size_t first = dlen < piece ? dlen : piece;
+    struct iovec iov[2] = {{head, hlen}, {dst, first}};
+    ssize_t r = read_full(fd, iov, 2, offset);
+    if (r < 0) err = (int)-r;
+    else {
+        hgot = r < (ssize_t)hlen ? r : (ssize_t)hlen;
+        dgot = r - hgot;
+        if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
+        off_t pos = offset + (off_t)hlen + dgot;
+        while (!err && dgot == (ssize_t)first && (size_t)dgot < dlen) {
+            size_t n = dlen - (size_t)dgot < piece ? dlen - (size_t)dgot : piece;
+            struct iovec one = {(char *)dst + dgot, n};
+            r = read_full(fd, &one, 1, pos);
+            if (r < 0) { err = (int)-r; break; }
+            dgot += r;
+            pos += r;
+            if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
+            if ((size_t)r < n) break;
+            first = (size_t)dgot;  /* keep looping while every piece came back whole */
+        }
+        if (!err && do_hash && (size_t)dgot == dlen) *h_out = kvf_xxh3_digest(&st);
+    }
+    *hgot_out = hgot;
+    *dgot_out = dgot;
+    return err;
+}
+
 static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"fd", "head", "dst", "offset", "hash", "piece", NULL};
     int fd, do_hash = 1;
@@ -105,33 +142,11 @@ static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
         return NULL;
     if (piece < 4096) piece = 4096;
     ssize_t hgot = 0, dgot = 0;
-    int err = 0;
+    int err;
     uint64_t h = 0;
     Py_BEGIN_ALLOW_THREADS
-    kvf_xxh3_state st;
-    kvf_xxh3_init(&st, dst.buf, (size_t)dst.len);
-    size_t first = (size_t)dst.len < (size_t)piece ? (size_t)dst.len : (size_t)piece;
-    struct iovec iov[2] = {{head.buf, (size_t)head.len}, {dst.buf, first}};
-    ssize_t r = read_full(fd, iov, 2, (off_t)offset);
-    if (r < 0) err = (int)-r;
-    else {
-        hgot = r < head.len ? r : head.len;
-        dgot = r - hgot;
-        if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
-        off_t pos = (off_t)offset + head.len + dgot;
-        while (!err && dgot == (ssize_t)first && dgot < dst.len) {
-            size_t n = (size_t)(dst.len - dgot) < (size_t)piece ? (size_t)(dst.len - dgot) : (size_t)piece;
-            struct iovec one = {(char *)dst.buf + dgot, n};
-            r = read_full(fd, &one, 1, pos);
-            if (r < 0) { err = (int)-r; break; }
-            dgot += r;
-            pos += r;
-            if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
-            if ((size_t)r < n) break;
-            first = (size_t)dgot;  /* keep looping while every piece came back whole */
-        }
-        if (!err && do_hash && dgot == dst.len) h = kvf_xxh3_digest(&st);
-    }
+    err = pread_hash_core(fd, head.buf, (size_t)head.len, dst.buf, (size_t)dst.len, (off_t)offset, do_hash,
+                          (size_t)piece, &hgot, &dgot, &h);
     Py_END_ALLOW_THREADS
     Py_ssize_t dlen = dst.len;
     PyBuffer_Release(&head);
@@ -139,6 +154,67 @@ static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
     if (err) return os_error(err);
     if (do_hash && dgot == dlen) return Py_BuildValue("nnK", (Py_ssize_t)hgot, (Py_ssize_t)dgot, (unsigned long long)h);
     return Py_BuildValue("nnO", (Py_ssize_t)hgot, (Py_ssize_t)dgot, Py_None);
+}
+
+PyDoc_STRVAR(read_file_hash_doc,
+"read_file_hash(path, head, dst, hash=True, max_head=1052672, align=4096) -> (status, size, head_read, dst_read, xxh3)\n\n"
+"The tier's whole read of one file in one GIL-free call: open (O_RDONLY | O_CLOEXEC | O_NONBLOCK), fstat, then,\n"
+"for a regular file whose header region (size - len(dst)) is a positive multiple of align of at most max_head\n"
+"bytes, pread_hash of that region into head and of the payload into dst, and close. status 0: read (xxh3 as in\n"
+"pread_hash); 1: not a regular file (nothing read); 2: the size does not fit (nothing read); 3: head is smaller\n"
+"than the header region (nothing read; size says how much is needed). An open that fails raises its OSError\n"
+"with the path; a read error raises OSError.");
+
+static PyObject *py_read_file_hash(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"path", "head", "dst", "hash", "max_head", "align", NULL};
+    PyObject *path = NULL;
+    Py_buffer head, dst;
+    int do_hash = 1;
+    Py_ssize_t max_head = (1 << 20) + 4096, align = 4096;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&w*w*|pnn", names, PyUnicode_FSConverter, &path, &head, &dst,
+                                     &do_hash, &max_head, &align))
+        return NULL;
+    PyObject *ret = NULL;
+    const char *p = PyBytes_AS_STRING(path);
+    int fd = -1, status = 0, err = 0, open_err = 0;
+    ssize_t hgot = 0, dgot = 0;
+    long long size = 0;
+    uint64_t h = 0;
+    if (align <= 0) align = 4096;
+    Py_BEGIN_ALLOW_THREADS
+    do { fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK); } while (fd < 0 && errno == EINTR);
+    if (fd < 0) open_err = errno;
+    else {
+        struct stat sb;
+        if (fstat(fd, &sb) < 0) err = errno;
+        else if (!S_ISREG(sb.st_mode)) status = 1;
+        else {
+            size = (long long)sb.st_size;
+            long long guess = size - (long long)dst.len;
+            if (guess < align || guess % align || guess > max_head) status = 2;
+            else if (guess > (long long)head.len) status = 3;
+            else err = pread_hash_core(fd, head.buf, (size_t)guess, dst.buf, (size_t)dst.len, 0, do_hash,
+                                       DEFAULT_PIECE, &hgot, &dgot, &h);
+        }
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    Py_ssize_t dlen = dst.len;
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&dst);
+    if (open_err) {
+        errno = open_err;
+        PyObject *name = PyUnicode_DecodeFSDefault(p);
+        if (name) { PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name); Py_DECREF(name); }
+    } else if (err) {
+        os_error(err);
+    } else if (status == 0 && do_hash && dgot == dlen) {
+        ret = Py_BuildValue("iLnnK", status, size, (Py_ssize_t)hgot, (Py_ssize_t)dgot, (unsigned long long)h);
+    } else {
+        ret = Py_BuildValue("iLnnO", status, size, (Py_ssize_t)hgot, (Py_ssize_t)dgot, Py_None);
+    }
+    Py_DECREF(path);
+    return ret;
 }
 
 static void put_hex(char *out, uint64_t v) {
@@ -347,6 +423,8 @@ static PyMethodDef methods[] = {
     {"pread_hash", (PyCFunction)(void (*)(void))py_pread_hash, METH_VARARGS | METH_KEYWORDS, pread_hash_doc},
     {"pwrite_hash", (PyCFunction)(void (*)(void))py_pwrite_hash, METH_VARARGS | METH_KEYWORDS, pwrite_hash_doc},
     {"header_match", py_header_match, METH_VARARGS, header_match_doc},
+    {"read_file_hash", (PyCFunction)(void (*)(void))py_read_file_hash, METH_VARARGS | METH_KEYWORDS,
+     read_file_hash_doc},
     {NULL, NULL, 0, NULL},
 };
 

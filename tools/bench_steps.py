@@ -102,6 +102,8 @@ def instrument() -> None:
     # kvformat
     patch(_native, "pread_hash", "payload read + xxh3 (native, GIL free)")
     patch(_native, "pwrite_hash", "payload write + xxh3 (native, GIL free)")
+    if getattr(_native, "read_file_hash", None) is not None:
+        patch(_native, "read_file_hash", "open+fstat+read+xxh3+close (native, GIL free)")
     patch(_rows, "xxh3_64", "replica xxh3")
     patch(_fused, "decode_header", "header parse + hxxh3 check")
     patch(_fused, "check_expected", "layout + key check")

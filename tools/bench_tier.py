@@ -260,10 +260,13 @@ class Fallback:
         from kvformat.cache import _rows
 
         self.saved = [(m, n, getattr(m, n)) for m, n in ((_native, "pread_hash"), (_native, "pwrite_hash"),
-                                                         (_native, "xxh3_64"), (_rows, "xxh3_64"))]
+                                                         (_native, "xxh3_64"), (_rows, "xxh3_64"),
+                                                         (_native, "header_match"))]
         self.saved.append((_header, "xxh3_hex", _header.xxh3_hex))
-        for m, n, _ in self.saved[:-1]:
+        self.saved.append((_native, "read_file_hash", _native.read_file_hash))  # no fallback: set to None below
+        for m, n, _ in self.saved[:-2]:
             setattr(m, n, getattr(_native, "_py_" + n))
+        _native.read_file_hash = None
         _header.xxh3_hex = lambda d: f"{_native._py_xxh3_64(d):016x}"
         import kvformat.format._block as F
         self.saved.append((F, "xxh3_hex", F.xxh3_hex))

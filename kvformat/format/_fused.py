@@ -45,33 +45,44 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     dst = as_bytes_view(out, writable=True)
     raw = expect.payload_bytes if expect is not None else len(dst)
     direct = o_direct and _O_DIRECT and raw % ALIGNMENT == 0 and raw <= len(dst) and _addr(dst) % ALIGNMENT == 0
-    size = -1
+    size, fd = -1, -1
+    whole = not direct and raw <= len(dst) and _native.read_file_hash is not None
+    head: Any
     if direct:
         fd = _open_direct(p)
-    else:
+    elif not whole:
         fd, st = _open_regular_stat(p)  # the regular-file check's fstat gives the size too
         size = st.st_size
     touched = False
     try:
-        if size < 0:
-            size = os.fstat(fd).st_size
-        guess = size - raw
-        if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
-            from . import _io  # the general read, for files the guess does not fit
+        got = _read_whole(p, dst[:raw], verify) if whole else None
+        if got is not None:  # open, fstat, read + hash and close in one GIL-free native call
+            size, head, hgot, dgot, digest = got
+            guess = size - raw
+        else:
+            if fd < 0:
+                fd, st = _open_regular_stat(p)
+                size = st.st_size
+            if size < 0:
+                size = os.fstat(fd).st_size
+            guess = size - raw
+            if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
+                from . import _io  # the general read, for files the guess does not fit
 
-            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
-        head = _head_buffer(guess) if direct else bytearray(guess)
+                return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct)
+            head = _head_buffer(guess) if direct else bytearray(guess)
+            body = dst[:raw]
+            try:
+                hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+            except OSError as e:
+                if not direct or e.errno != errno.EINVAL:
+                    raise
+                os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
+                fd = _open_regular(p)
+                direct = False
+                head = bytearray(guess)
+                hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         body = dst[:raw]
-        try:
-            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
-        except OSError as e:
-            if not direct or e.errno != errno.EINVAL:
-                raise
-            os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
-            fd = _open_regular(p)
-            direct = False
-            head = bytearray(guess)
-            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         touched = dgot > 0
         usable = templates is not None and key is not None and expect is templates.layout
         hdr = templates.match(memoryview(head)[:hgot], size, key, verify) if usable else None  # type: ignore[union-attr,arg-type]
@@ -103,7 +114,30 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
             invalidate(dst[:raw])
         raise
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _read_whole(p: str, body: memoryview, verify: bool) -> tuple[int, memoryview, int, int, int | None] | None:
+    """The native one-call read into a per-thread header buffer: (file size, header buffer, header bytes read,
+    payload bytes read, payload xxh3). None when the size does not fit the guess (the caller's general path);
+    what is not a regular file raises as :func:`_open_regular` does."""
+    buf = _HEADS.__dict__.get("whole")
+    for _ in range(2):
+        if buf is None:
+            buf = _HEADS.whole = bytearray(1 << 16)
+        status, size, hgot, dgot, digest = _native.read_file_hash(p, buf, body, hash=verify,
+                                                                  max_head=MAX_HEADER_BYTES + ALIGNMENT,
+                                                                  align=ALIGNMENT)
+        if status == 0:
+            return size, memoryview(buf), hgot, dgot, digest
+        if status == 1:
+            os.close(_open_regular(p))  # raises what it raises for a directory or a FIFO; replaced since: retry
+            return None
+        if status == 2:
+            return None
+        buf = _HEADS.whole = bytearray(size - len(body))  # status 3: a larger header region than seen so far
+    return None
 
 
 _HEADS = threading.local()  # per-thread page-aligned header buffers for O_DIRECT reads (no mmap per read)

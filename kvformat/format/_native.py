@@ -126,12 +126,14 @@ if _native is not None:
     pwrite_hash = _native.pwrite_hash
     copy_runs = _native.copy_runs
     header_match = _native.header_match
+    read_file_hash: Any = _native.read_file_hash  # no fallback: without it the tier opens, reads and closes
 else:
     xxh3_64 = _py_xxh3_64
     pread_hash = _py_pread_hash
     pwrite_hash = _py_pwrite_hash
     copy_runs = _py_copy_runs
     header_match = _py_header_match
+    read_file_hash = None
 
 _py_pread_hash.__doc__ = ("Fallback of the native pread_hash: one preadv into head and dst, then xxh3 of dst. "
                           "Returns (head bytes read, dst bytes read, xxh3 of dst or None).")
@@ -142,4 +144,5 @@ _py_copy_runs.__doc__ = "Fallback of the native copy_runs: the same checks, then
 _py_header_match.__doc__ = ("Fallback of the native header_match: the template compared outside the per-file spans, "
                             "each span's syntax, then the header checksum. Returns (status, computed hxxh3 or 0).")
 
-__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash", "copy_runs", "header_match"]
+__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash", "copy_runs", "header_match",
+           "read_file_hash"]
