@@ -8,6 +8,8 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -32,6 +34,8 @@ static PyObject *py_xxh3_64(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static const char *const kPathNames[] = {"scalar", "avx2", "avx512"};
+
 static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
@@ -41,16 +45,19 @@ static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     else if (!strcmp(name, "avx2")) {
         if (!kvf_xxh3_have_avx2()) { PyErr_SetString(PyExc_ValueError, "this CPU has no AVX2"); return NULL; }
         want = 1;
-    } else { PyErr_SetString(PyExc_ValueError, "expected 'auto', 'scalar' or 'avx2'"); return NULL; }
+    } else if (!strcmp(name, "avx512")) {
+        if (!kvf_xxh3_have_avx512()) { PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512F"); return NULL; }
+        want = 2;
+    } else { PyErr_SetString(PyExc_ValueError, "expected 'auto', 'scalar', 'avx2' or 'avx512'"); return NULL; }
     kvf_xxh3_select(want);
-    return PyUnicode_FromString(prev == 1 ? "avx2" : "scalar");
+    return PyUnicode_FromString(kPathNames[prev]);
 }
 
-static PyObject *py_simd(PyObject *self, PyObject *noargs) {
-    return PyUnicode_FromString(kvf_xxh3_path() == 1 ? "avx2" : "scalar");
-}
+static PyObject *py_simd(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(kPathNames[kvf_xxh3_path()]); }
 
 static PyObject *py_have_avx2(PyObject *self, PyObject *noargs) { return PyBool_FromLong(kvf_xxh3_have_avx2()); }
+
+static PyObject *py_have_avx512(PyObject *self, PyObject *noargs) { return PyBool_FromLong(kvf_xxh3_have_avx512()); }
 
 /* Read exactly len bytes at off (short only at end of file). Returns bytes read or -errno. */
 static ssize_t read_full(int fd, struct iovec *iov, int n, off_t off) {
@@ -90,6 +97,41 @@ PyDoc_STRVAR(pread_hash_doc,
 "piece, then piece by piece), hashing dst's bytes right after each piece lands. The hash is None when\n"
 "hash is False or dst was not filled (end of file).");
 
+/* The body of pread_hash, GIL not held: head then dst from fd at offset, dst hashed piece by piece as it lands.
+ * Returns 0 or an errno; *hgot and *dgot the bytes read into each, *h the digest when do_hash and dst was filled. */
+static int pread_hash_core(int fd, void *head, size_t hlen, void *dst, size_t dlen, off_t offset, int do_hash,
+                           size_t piece, ssize_t *hgot_out, ssize_t *dgot_out, uint64_t *h_out) {
+    ssize_t hgot = 0, dgot = 0;
+    int err = 0;
+    kvf_xxh3_state st;
+    kvf_xxh3_init(&st, dst, dlen);
+    size_t first = dlen < piece ? dlen : piece;
+    struct iovec iov[2] = {{head, hlen}, {dst, first}};
+    ssize_t r = read_full(fd, iov, 2, offset);
+    if (r < 0) err = (int)-r;
+    else {
+        hgot = r < (ssize_t)hlen ? r : (ssize_t)hlen;
+        dgot = r - hgot;
+        if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
+        off_t pos = offset + (off_t)hlen + dgot;
+        while (!err && dgot == (ssize_t)first && (size_t)dgot < dlen) {
+            size_t n = dlen - (size_t)dgot < piece ? dlen - (size_t)dgot : piece;
+            struct iovec one = {(char *)dst + dgot, n};
+            r = read_full(fd, &one, 1, pos);
+            if (r < 0) { err = (int)-r; break; }
+            dgot += r;
+            pos += r;
+            if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
+            if ((size_t)r < n) break;
+            first = (size_t)dgot;  /* keep looping while every piece came back whole */
+        }
+        if (!err && do_hash && (size_t)dgot == dlen) *h_out = kvf_xxh3_digest(&st);
+    }
+    *hgot_out = hgot;
+    *dgot_out = dgot;
+    return err;
+}
+
 static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"fd", "head", "dst", "offset", "hash", "piece", NULL};
     int fd, do_hash = 1;
@@ -100,33 +142,11 @@ static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
         return NULL;
     if (piece < 4096) piece = 4096;
     ssize_t hgot = 0, dgot = 0;
-    int err = 0;
+    int err;
     uint64_t h = 0;
     Py_BEGIN_ALLOW_THREADS
-    kvf_xxh3_state st;
-    kvf_xxh3_init(&st, dst.buf, (size_t)dst.len);
-    size_t first = (size_t)dst.len < (size_t)piece ? (size_t)dst.len : (size_t)piece;
-    struct iovec iov[2] = {{head.buf, (size_t)head.len}, {dst.buf, first}};
-    ssize_t r = read_full(fd, iov, 2, (off_t)offset);
-    if (r < 0) err = (int)-r;
-    else {
-        hgot = r < head.len ? r : head.len;
-        dgot = r - hgot;
-        if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
-        off_t pos = (off_t)offset + head.len + dgot;
-        while (!err && dgot == (ssize_t)first && dgot < dst.len) {
-            size_t n = (size_t)(dst.len - dgot) < (size_t)piece ? (size_t)(dst.len - dgot) : (size_t)piece;
-            struct iovec one = {(char *)dst.buf + dgot, n};
-            r = read_full(fd, &one, 1, pos);
-            if (r < 0) { err = (int)-r; break; }
-            dgot += r;
-            pos += r;
-            if (do_hash) kvf_xxh3_update(&st, (size_t)dgot);
-            if ((size_t)r < n) break;
-            first = (size_t)dgot;  /* keep looping while every piece came back whole */
-        }
-        if (!err && do_hash && dgot == dst.len) h = kvf_xxh3_digest(&st);
-    }
+    err = pread_hash_core(fd, head.buf, (size_t)head.len, dst.buf, (size_t)dst.len, (off_t)offset, do_hash,
+                          (size_t)piece, &hgot, &dgot, &h);
     Py_END_ALLOW_THREADS
     Py_ssize_t dlen = dst.len;
     PyBuffer_Release(&head);
@@ -134,6 +154,67 @@ static PyObject *py_pread_hash(PyObject *self, PyObject *args, PyObject *kw) {
     if (err) return os_error(err);
     if (do_hash && dgot == dlen) return Py_BuildValue("nnK", (Py_ssize_t)hgot, (Py_ssize_t)dgot, (unsigned long long)h);
     return Py_BuildValue("nnO", (Py_ssize_t)hgot, (Py_ssize_t)dgot, Py_None);
+}
+
+PyDoc_STRVAR(read_file_hash_doc,
+"read_file_hash(path, head, dst, hash=True, max_head=1052672, align=4096) -> (status, size, head_read, dst_read, xxh3)\n\n"
+"The tier's whole read of one file in one GIL-free call: open (O_RDONLY | O_CLOEXEC | O_NONBLOCK), fstat, then,\n"
+"for a regular file whose header region (size - len(dst)) is a positive multiple of align of at most max_head\n"
+"bytes, pread_hash of that region into head and of the payload into dst, and close. status 0: read (xxh3 as in\n"
+"pread_hash); 1: not a regular file (nothing read); 2: the size does not fit (nothing read); 3: head is smaller\n"
+"than the header region (nothing read; size says how much is needed). An open that fails raises its OSError\n"
+"with the path; a read error raises OSError.");
+
+static PyObject *py_read_file_hash(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"path", "head", "dst", "hash", "max_head", "align", NULL};
+    PyObject *path = NULL;
+    Py_buffer head, dst;
+    int do_hash = 1;
+    Py_ssize_t max_head = (1 << 20) + 4096, align = 4096;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&w*w*|pnn", names, PyUnicode_FSConverter, &path, &head, &dst,
+                                     &do_hash, &max_head, &align))
+        return NULL;
+    PyObject *ret = NULL;
+    const char *p = PyBytes_AS_STRING(path);
+    int fd = -1, status = 0, err = 0, open_err = 0;
+    ssize_t hgot = 0, dgot = 0;
+    long long size = 0;
+    uint64_t h = 0;
+    if (align <= 0) align = 4096;
+    Py_BEGIN_ALLOW_THREADS
+    do { fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK); } while (fd < 0 && errno == EINTR);
+    if (fd < 0) open_err = errno;
+    else {
+        struct stat sb;
+        if (fstat(fd, &sb) < 0) err = errno;
+        else if (!S_ISREG(sb.st_mode)) status = 1;
+        else {
+            size = (long long)sb.st_size;
+            long long guess = size - (long long)dst.len;
+            if (guess < align || guess % align || guess > max_head) status = 2;
+            else if (guess > (long long)head.len) status = 3;
+            else err = pread_hash_core(fd, head.buf, (size_t)guess, dst.buf, (size_t)dst.len, 0, do_hash,
+                                       DEFAULT_PIECE, &hgot, &dgot, &h);
+        }
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    Py_ssize_t dlen = dst.len;
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&dst);
+    if (open_err) {
+        errno = open_err;
+        PyObject *name = PyUnicode_DecodeFSDefault(p);
+        if (name) { PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name); Py_DECREF(name); }
+    } else if (err) {
+        os_error(err);
+    } else if (status == 0 && do_hash && dgot == dlen) {
+        ret = Py_BuildValue("iLnnK", status, size, (Py_ssize_t)hgot, (Py_ssize_t)dgot, (unsigned long long)h);
+    } else {
+        ret = Py_BuildValue("iLnnO", status, size, (Py_ssize_t)hgot, (Py_ssize_t)dgot, Py_None);
+    }
+    Py_DECREF(path);
+    return ret;
 }
 
 static void put_hex(char *out, uint64_t v) {
@@ -254,16 +335,111 @@ done:
     return ret;
 }
 
+/* header_match: the tier's header check without parsing (spec section 11.1). A reader that has fully decoded
+ * and checked a header region keeps it as a template; a later region that equals it outside the per-file
+ * fields (block key, checksums, creation time) is the same header with those fields' values, provided each
+ * field still holds its syntax (lowercase hex, canonical decimal) and, when verifying, the region's own
+ * checksum holds. memcmp + one xxh3 of a few KiB: about a microsecond, so the GIL is kept for small regions. */
+static int span_ok(const unsigned char *p, int64_t n, int64_t kind) {
+    if (n <= 0) return 0;
+    if (kind == 0) {  /* lowercase hex */
+        for (int64_t i = 0; i < n; i++)
+            if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) return 0;
+        return 1;
+    }
+    if (n > 1 && p[0] == '0') return 0;  /* canonical decimal: no leading zero */
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9') return 0;
+    return 1;
+}
+
+static int region_match(const unsigned char *h, const unsigned char *t, Py_ssize_t len, const int64_t *sp,
+                        Py_ssize_t nsp, Py_ssize_t hpos, int verify, unsigned char *scratch, uint64_t *hh) {
+    int64_t pos = 0;
+    for (Py_ssize_t i = 0; i < nsp; i++) {
+        const int64_t *x = sp + 3 * i;
+        if (memcmp(h + pos, t + pos, (size_t)(x[0] - pos))) return 1;
+        if (!span_ok(h + x[0], x[1] - x[0], x[2])) return 1;
+        pos = x[1];
+    }
+    if (memcmp(h + pos, t + pos, (size_t)(len - pos))) return 1;
+    if (!verify) return 0;
+    memcpy(scratch, h, (size_t)len);
+    memset(scratch + hpos, '0', 16);
+    *hh = kvf_xxh3_64(scratch, (size_t)len);
+    char hex[16];
+    put_hex(hex, *hh);
+    return memcmp(hex, h + hpos, 16) ? 2 : 0;
+}
+
+PyDoc_STRVAR(header_match_doc,
+"header_match(head, template, spans, hxxh3_pos, verify) -> (status, hxxh3)\n\n"
+"spans: int64 triples (start, end, kind) in order, not overlapping; kind 0 = lowercase hex, 1 = canonical\n"
+"decimal; one of them is the 16 digits at hxxh3_pos. status 0: head equals template outside the spans, every\n"
+"span holds its kind and (verify) the header checksum holds; 1: it does not (parse it); 2: it matches but the\n"
+"checksum differs (hxxh3 is the computed one, else 0).");
+
+static PyObject *py_header_match(PyObject *self, PyObject *args) {
+    Py_buffer hb, tb, sb;
+    Py_ssize_t hpos;
+    int verify;
+    if (!PyArg_ParseTuple(args, "y*y*y*np", &hb, &tb, &sb, &hpos, &verify)) return NULL;
+    PyObject *ret = NULL;
+    unsigned char *scratch = NULL;
+    const int64_t *sp = (const int64_t *)sb.buf;
+    Py_ssize_t nsp = sb.len / (3 * (Py_ssize_t)sizeof(int64_t)), len = tb.len;
+    int has_h = 0, status = 1;
+    uint64_t hh = 0;
+    if (sb.len % (3 * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "spans: expected int64 triples");
+        goto done;
+    }
+    for (Py_ssize_t i = 0, prev = 0; i < nsp; i++) {
+        const int64_t *x = sp + 3 * i;
+        if (x[0] < prev || x[1] < x[0] || x[1] > len || (x[2] != 0 && x[2] != 1)) {
+            PyErr_SetString(PyExc_ValueError, "spans: out of order, outside the template or of an unknown kind");
+            goto done;
+        }
+        if (x[0] == hpos && x[1] == hpos + 16 && x[2] == 0) has_h = 1;
+        prev = (Py_ssize_t)x[1];
+    }
+    if (!has_h) {
+        PyErr_SetString(PyExc_ValueError, "hxxh3_pos: not one of the hex spans of 16 digits");
+        goto done;
+    }
+    if (hb.len == len) {
+        if (verify && !(scratch = malloc((size_t)len ? (size_t)len : 1))) { PyErr_NoMemory(); goto done; }
+        if (len >= (1 << 16)) {
+            Py_BEGIN_ALLOW_THREADS
+            status = region_match(hb.buf, tb.buf, len, sp, nsp, hpos, verify, scratch, &hh);
+            Py_END_ALLOW_THREADS
+        } else {
+            status = region_match(hb.buf, tb.buf, len, sp, nsp, hpos, verify, scratch, &hh);
+        }
+    }
+    ret = Py_BuildValue("iK", status, (unsigned long long)(status == 2 ? hh : 0));
+done:
+    free(scratch);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&sb);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"copy_runs", py_copy_runs, METH_VARARGS,
      "copy_runs(dst, src, runs): copy int64 (src off, dst off, bytes, count, src stride, dst stride) runs, GIL "
      "released; ValueError if a piece lies outside a buffer."},
     {"xxh3_64", py_xxh3_64, METH_O, "xxh3_64(buffer) -> int: XXH3-64, seed 0, default secret."},
-    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' or 'scalar': the accumulate kernel in use."},
-    {"set_simd", py_set_simd, METH_O, "set_simd('auto'|'scalar'|'avx2') -> the previous kernel's name."},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512', 'avx2' or 'scalar': the accumulate kernel in use."},
+    {"set_simd", py_set_simd, METH_O, "set_simd('auto'|'scalar'|'avx2'|'avx512') -> the previous kernel's name."},
     {"have_avx2", py_have_avx2, METH_NOARGS, "have_avx2() -> whether this CPU runs the AVX2 kernel."},
+    {"have_avx512", py_have_avx512, METH_NOARGS, "have_avx512() -> whether this CPU (and OS) runs the AVX-512 kernel."},
     {"pread_hash", (PyCFunction)(void (*)(void))py_pread_hash, METH_VARARGS | METH_KEYWORDS, pread_hash_doc},
     {"pwrite_hash", (PyCFunction)(void (*)(void))py_pwrite_hash, METH_VARARGS | METH_KEYWORDS, pwrite_hash_doc},
+    {"header_match", py_header_match, METH_VARARGS, header_match_doc},
+    {"read_file_hash", (PyCFunction)(void (*)(void))py_read_file_hash, METH_VARARGS | METH_KEYWORDS,
+     read_file_hash_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,10 +17,12 @@ typedef struct {
     size_t stripes_total; /* (len - 1) / 64 for len > 240 */
 } kvf_xxh3_state;
 
-/* 0 = scalar, 1 = AVX2. kvf_xxh3_select(-1) picks the best the CPU supports; returns the path in use. */
+/* 0 = scalar, 1 = AVX2, 2 = AVX-512F. kvf_xxh3_select(-1) picks the widest the CPU supports; a path the
+ * CPU lacks falls back to the next narrower one. Returns the path in use. */
 int kvf_xxh3_select(int path);
 int kvf_xxh3_path(void);
 int kvf_xxh3_have_avx2(void);
+int kvf_xxh3_have_avx512(void);
 
 uint64_t kvf_xxh3_64(const void *data, size_t len);
 void kvf_xxh3_init(kvf_xxh3_state *s, const void *base, size_t len);

@@ -1,8 +1,10 @@
-"""The native extension against python-xxhash and the pure-Python fallback (both paths, both SIMD kernels)."""
+"""The native extension against python-xxhash and the pure-Python fallback (both paths, every SIMD kernel the CPU
+runs; the AVX-512 kernel also through SIMDe's portable intrinsics, so a CPU without AVX-512 checks its logic)."""
 
 from __future__ import annotations
 
 import json
+import ctypes
 import os
 import random
 import subprocess
@@ -16,7 +18,8 @@ from kvformat.format import _native
 
 N = _native._native  # the compiled module, or None
 needs_native = pytest.mark.skipif(N is None, reason="kvformat.format._kvfnative not built (test_native_is_built says why)")
-KERNELS = ["scalar", "avx2"] if N is not None and N.have_avx2() else ["scalar"]
+KERNELS = ["scalar"] + (["avx2"] if N is not None and N.have_avx2() else []) + \
+    (["avx512"] if N is not None and N.have_avx512() else [])
 RNG = random.Random(1313)
 DATA = bytes(RNG.getrandbits(8) for _ in range(1 << 16)) + os.urandom(1 << 16)
 
@@ -74,6 +77,55 @@ def test_kernels_agree_and_fallback_agrees() -> None:
     assert got == {want} and _native._py_xxh3_64(buf) == want
     with pytest.raises(ValueError):
         N.set_simd("sse9")
+    if not N.have_avx512():  # asked for a kernel the CPU lacks: refused, the one in use is kept
+        before = N.simd()
+        with pytest.raises(ValueError, match="AVX-512"):
+            N.set_simd("avx512")
+        assert N.simd() == before
+
+
+class _State(ctypes.Structure):  # kvf_xxh3_state (csrc/kvf_xxh3.h)
+    _fields_ = [("acc", ctypes.c_uint64 * 8), ("base", ctypes.c_void_p), ("len", ctypes.c_size_t),
+                ("stripes_done", ctypes.c_size_t), ("stripes_total", ctypes.c_size_t)]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """csrc/kvf_xxh3.c built with KVF_XXH3_SIMDE: every kernel from SIMDe's portable intrinsics."""
+    import simde_py
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    so = str(tmp_path_factory.mktemp("simde") / "kvf_xxh3_simde.so")
+    subprocess.run(["gcc", "-O2", "-std=c11", "-shared", "-fPIC", "-Wno-psabi", "-DKVF_XXH3_SIMDE",
+                    "-I", simde_py.get_include(), os.path.join(here, "csrc", "kvf_xxh3.c"), "-o", so],
+                   check=True, capture_output=True, timeout=300)
+    lib = ctypes.CDLL(so)
+    lib.kvf_xxh3_64.restype = ctypes.c_uint64
+    lib.kvf_xxh3_64.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.kvf_xxh3_init.argtypes = [ctypes.POINTER(_State), ctypes.c_char_p, ctypes.c_size_t]
+    lib.kvf_xxh3_update.argtypes = [ctypes.POINTER(_State), ctypes.c_size_t]
+    lib.kvf_xxh3_digest.restype = ctypes.c_uint64
+    lib.kvf_xxh3_digest.argtypes = [ctypes.POINTER(_State)]
+    return lib
+
+
+@pytest.mark.parametrize("path,name", [(0, "scalar"), (1, "avx2"), (2, "avx512")])
+def test_emulated_kernels_every_length_alignment_and_piece(emulated: ctypes.CDLL, path: int, name: str) -> None:
+    """The AVX-512 kernel's logic on any CPU: one-shot hashes of every length to 4096 at 8 alignments, then
+    piecewise updates (as pread_hash/pwrite_hash feed it) at piece sizes that split the 16-stripe blocks."""
+    assert emulated.kvf_xxh3_select(path) == path, name
+    for off in range(8):
+        for n in range(4097):
+            b = DATA[off:off + n]
+            assert emulated.kvf_xxh3_64(b, n) == xxhash.xxh3_64_intdigest(b), (name, off, n)
+    for n in (65_536 + 3, 1_000_003, 4_497_408):
+        big = (DATA * (n // len(DATA) + 1))[1:n + 1]
+        for piece in (64, 1000, 4096, 65_536 + 64, 262_144):
+            st = _State()
+            emulated.kvf_xxh3_init(ctypes.byref(st), big, n)
+            for done in range(piece, n, piece):
+                emulated.kvf_xxh3_update(ctypes.byref(st), done)
+            assert emulated.kvf_xxh3_digest(ctypes.byref(st)) == xxhash.xxh3_64_intdigest(big), (name, n, piece)
 
 
 def _impls() -> list:  # type: ignore[type-arg]

@@ -152,6 +152,59 @@ def test_fused_write_o_direct_is_byte_identical(tmp_path, where: str) -> None:  
             shutil.rmtree(d)
 
 
+def test_read_file_hash_statuses_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The one-call read: a file whose header region fits is read and hashed (0); a directory or FIFO is not read
+    (1, and the FIFO's open does not block); a size the guess does not fit (2) or a header region larger than the
+    buffer (3) reads nothing; a failed open raises its OSError naming the path."""
+    if not _native.HAVE_NATIVE:  # no pure-Python twin: the fused read then opens, reads and closes itself
+        assert _native.read_file_hash is None
+        return
+    pay = os.urandom(L.payload_bytes)
+    p = str(tmp_path / "a.kvf")
+    _fused_file(p, pay)
+    hdr_len = os.path.getsize(p) - len(pay)
+    head, dst = bytearray(1 << 16), bytearray(len(pay))
+    status, size, hgot, dgot, digest = _native.read_file_hash(p, head, dst)
+    want = (0, os.path.getsize(p), hdr_len, len(pay), xxhash.xxh3_64_intdigest(pay))
+    assert (status, size, hgot, dgot, digest) == want
+    assert bytes(dst) == pay and bytes(head[:hgot]) == open(p, "rb").read(hdr_len)
+    assert _native.read_file_hash(p, head, dst, hash=False)[4] is None
+    d = tmp_path / "d.kvf"
+    d.mkdir()
+    os.mkfifo(tmp_path / "f.kvf")
+    for odd in (str(d), str(tmp_path / "f.kvf")):
+        assert _native.read_file_hash(odd, head, dst)[0] == 1
+    assert _native.read_file_hash(p, head, bytearray(len(pay) + 1))[0] == 2  # header region not page-aligned
+    assert _native.read_file_hash(p, head, dst, max_head=hdr_len - 4096)[0] == 2
+    assert _native.read_file_hash(p, bytearray(hdr_len - 1), dst)[:2] == (3, os.path.getsize(p))
+    with pytest.raises(FileNotFoundError) as e:
+        _native.read_file_hash(str(tmp_path / "missing.kvf"), head, dst)
+    assert e.value.filename == str(tmp_path / "missing.kvf")
+
+
+def test_fused_read_of_odd_files_raises_what_the_general_read_raises(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through the one-call read or not: a directory is an IsADirectoryError, a FIFO a NotKVFormatError (never a
+    blocked open), a missing file a FileNotFoundError; a header region larger than any seen so far is read too."""
+    d = tmp_path / "d.kvf"
+    d.mkdir()
+    os.mkfifo(tmp_path / "f.kvf")
+    out = bytearray(L.payload_bytes)
+    for p, err in ((d, IsADirectoryError), (tmp_path / "f.kvf", errors.NotKVFormatError),
+                   (tmp_path / "missing.kvf", FileNotFoundError)):
+        with pytest.raises(err):
+            _fused.read_into_fused(p, out, expect=L, key=KEY)
+        with pytest.raises(err):
+            K.read_into(str(p), out, expect=L, key=KEY)
+    names = [f"layer.with.a.long.name.{i:04d}" for i in range(900)]
+    big = K.CanonicalLayout.uniform("m", "bfloat16", names, 1, 8)
+    pay = os.urandom(big.payload_bytes)
+    p = str(tmp_path / "big.kvf")
+    K.save_file(pay, p, big, KEY)
+    assert os.path.getsize(p) - len(pay) > 1 << 16  # more than the per-thread buffer starts with
+    got = bytearray(len(pay))
+    assert _fused.read_into_fused(p, got, expect=big, key=KEY).key == KEY and got == pay
+
+
 def test_fused_read_zero_fills_on_an_eio_part_way(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A read that fails part-way (EIO from the filesystem after some pieces landed) zero-fills the destination:
     it raised from inside pread_hash, before the read path had noted that the destination was written."""
@@ -171,3 +224,5 @@ def test_fused_read_zero_fills_on_an_eio_part_way(tmp_path) -> None:  # type: ig
                 _fused.read_into_fused(os.path.join(mnt, "b.kvf"), out, expect=big, key=KEY)
             assert e.value.errno == 5 and not isinstance(e.value, errors.KVFormatError)
             assert out == bytearray(big.payload_bytes), f"file bytes left in the destination (EIO at {eio_from})"
+
+

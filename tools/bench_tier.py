@@ -16,7 +16,12 @@ Timings:
   built-in tier (one task per job) uses its pool too.
 * load GB/s: logical bytes / time from the first ``lookup`` after the primary was emptied until every chunk is
   a HIT in the primary (lookup RETRY steps, promotion, verification and fan-out included).
-* Medians with min-max over ``--repeats`` interleaved repeats (fs, kvf, fs, kvf, ...; ``os.sync()`` before each).
+* CPU s/GB: the process's CPU time (user + system, ``getrusage``: every thread, the tiers' I/O threads and the
+  scheduler thread alike) over the same timed section, per logical GB. On a shared machine this is the stable
+  figure (wall-clock ratios swing with what else runs). ``budget`` = the built-in tier's CPU s/GB plus one hash
+  pass (1 / the in-cache xxh3 rate measured in the same cell): what a verified transfer should cost at most.
+* Medians with min-max over ``--repeats`` interleaved repeats (fs, kvf, fs, kvf, ...; ``os.sync()`` before each);
+  ratios are taken repeat by repeat (kvf of repeat i over fs of repeat i), then their median.
 * limits, measured in the same run on the same medium, interleaved with the repeats: memcpy of one slot, and
   dd-style sequential write (temp file, one ``write`` per chunk, unlink) and read (one ``readv`` per chunk) of the
   same bytes, buffered and with O_DIRECT where the medium takes it. ``frac`` = tier GB/s / limit (store: the
@@ -113,15 +118,18 @@ def disk_bytes(root: Path, suffix: str) -> tuple[int, int]:
 
 
 def cpu_s() -> float:
-    """CPU seconds of this process so far (user + system, every thread)."""
+    """CPU seconds (user + system) of this process so far: every thread, the tier's I/O threads included."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
 def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list[bytes], root: Path,
-          suffix: str) -> dict[str, float]:
-    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them; GB/s (and the CPU
-    seconds of each phase: ``store_cpu``, ``load_cpu``)."""
+          suffix: str, on_phase: Callable[[str | None], None] | None = None, drop: bool = True) -> dict[str, float]:
+    """One store of ``chunks`` new keys over ``requests`` requests, then one load of them: GB/s and CPU s/GB.
+    ``on_phase`` is called as each timed section starts ("store", "load") and ends (None). ``drop``: delete the
+    files stored (untimed, after their sizes are taken), so the next contender's writes reuse memory freed a
+    moment ago, as this one's did (see ``--keep-files``)."""
+    mark = on_phase or (lambda phase: None)
     keys = make_keys(chunks, salt)
     parts = [keys[i::requests] for i in range(requests)]
     mgr = dep.mgr
@@ -136,7 +144,8 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
                 dep._write_row(int(cid), payloads[keys.index(k) % len(payloads)])
             ctxs.append(ctx)
             outs.append(out)
-    t0, c0 = time.perf_counter(), cpu_s()
+    mark("store")
+    c0, t0 = cpu_s(), time.perf_counter()
     with mgr.lock:
         for ctx, out in zip(ctxs, outs):
             mgr.complete_store(list(out.keys_to_store), ctx)
@@ -144,13 +153,15 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
         mgr.on_schedule_end(_STEP)
     dep.flush(timeout=600)
     t_store, c_store = time.perf_counter() - t0, cpu_s() - c0
+    mark(None)
     dep.evict_primary()
     with mgr.lock:
         ctxs = [dep._ctx() for _ in parts]
         for ctx in ctxs:
             mgr.on_new_request(ctx)
     pending = [set(p) for p in parts]
-    t0, c0 = time.perf_counter(), cpu_s()
+    mark("load")
+    c0, t0 = cpu_s(), time.perf_counter()
     while any(pending):
         with mgr.lock:
             for ctx, pend in zip(ctxs, pending):
@@ -164,6 +175,7 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
         if any(pending):
             time.sleep(0.0005)
     t_load, c_load = time.perf_counter() - t0, cpu_s() - c0
+    mark(None)
     with mgr.lock:
         for ctx, part in zip(ctxs, parts):
             spec = mgr.prepare_load(part, ctx)
@@ -174,21 +186,40 @@ def cycle(dep: Deployment, salt: str, chunks: int, requests: int, payloads: list
         mgr.on_schedule_end(_STEP)
     dep.evict_primary()
     logical = chunks * getattr(dep, "logical_bytes", dep.slot_bytes)
-    return {"store": logical / t_store / 1e9, "load": logical / t_load / 1e9, "store_cpu": c_store, "load_cpu": c_load}
+    gb = logical / 1e9
+    nfiles, used = disk_bytes(root, suffix)
+    if drop:  # behind the tier's back: the next cycle uses new keys, so neither tier looks for these again
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                if name.endswith(suffix):
+                    os.unlink(os.path.join(dirpath, name))
+    return {"store": gb / t_store, "load": gb / t_load, "store cpu": c_store / gb, "load cpu": c_load / gb,
+            "files": nfiles, "bytes": used}
 
 
 def limits(dirpath: str, slot: int, chunks: int, src: np.ndarray, dst: list[np.ndarray],
-           threads: int) -> dict[str, float]:
+           threads: int, flip: bool = False) -> dict[str, float]:
     """memcpy and dd-style write/read GB/s of ``chunks`` x ``slot`` bytes in ``dirpath`` (buffered, O_DIRECT),
-    one file per chunk over ``threads`` threads like the tiers (os.write/readv release the GIL)."""
+    one file per chunk over ``threads`` threads like the tiers (os.write/readv release the GIL). ``flip``: O_DIRECT
+    first (alternated by repeat: the second mode reuses the memory the first one's files just freed)."""
     from concurrent.futures import ThreadPoolExecutor
     out: dict[str, float] = {}
     t = time.perf_counter()
     for _ in range(chunks):
         ctypes.memmove(dst[0].ctypes.data, src.ctypes.data, slot)
     out["memcpy"] = slot * chunks / (time.perf_counter() - t) / 1e9
+    # One hash pass as the fused paths run it: 256 KiB pieces, each hashed while in L2. Its CPU s/GB added to
+    # the built-in tier's CPU s/GB is the CPU budget of a verified transfer.
+    from kvformat.format import _native
+    piece = memoryview(src)[:_native.PIECE]
+    n = max(1, slot * chunks // len(piece))
+    c = time.thread_time()
+    for _ in range(n):
+        _native.xxh3_64(piece)
+    out["xxh3 in-cache"] = len(piece) * n / max(1e-9, time.thread_time() - c) / 1e9
     aligned = slot - slot % 4096
-    for mode, flag in (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0))):
+    modes = (("buf", 0), ("direct", getattr(os, "O_DIRECT", 0)))
+    for mode, flag in modes[::-1] if flip else modes:
         if mode == "direct" and not flag:
             continue
         os.sync()
@@ -236,10 +267,13 @@ class Fallback:
         from kvformat.cache import _rows
 
         self.saved = [(m, n, getattr(m, n)) for m, n in ((_native, "pread_hash"), (_native, "pwrite_hash"),
-                                                         (_native, "xxh3_64"), (_rows, "xxh3_64"))]
+                                                         (_native, "xxh3_64"), (_rows, "xxh3_64"),
+                                                         (_native, "header_match"))]
         self.saved.append((_header, "xxh3_hex", _header.xxh3_hex))
-        for m, n, _ in self.saved[:-1]:
+        self.saved.append((_native, "read_file_hash", _native.read_file_hash))  # no fallback: set to None below
+        for m, n, _ in self.saved[:-2]:
             setattr(m, n, getattr(_native, "_py_" + n))
+        _native.read_file_hash = None
         _header.xxh3_hex = lambda d: f"{_native._py_xxh3_64(d):016x}"
         import kvformat.format._block as F
         self.saved.append((F, "xxh3_hex", F.xxh3_hex))
@@ -251,7 +285,7 @@ class Fallback:
 
 
 def med(v: list[float]) -> str:
-    return f"{statistics.median(v):5.2f} ({min(v):.2f}-{max(v):.2f})"
+    return f"{statistics.median(v):5.3g} ({min(v):.3g}-{max(v):.3g})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seal", action="store_true",
                     help="kvformat clear vs sealed (authenticate, encrypt) files instead of kvformat vs the built-in "
                          "tier: GB/s and CPU s/GB of store and load, and two threads sealing vs one")
+    ap.add_argument("--keep-files", action="store_true",
+                    help="keep every cycle's files to the end of the cell (default: each cycle deletes its own, "
+                         "untimed: on a VM whose freed memory is reported to the host (virtio-balloon free page "
+                         "reporting), whoever writes into memory freed seconds ago pays to fault it back in, so "
+                         "the contender that ran second in each repeat paid more per byte stored)")
+    ap.add_argument("--kvf-first", action="store_true",
+                    help="run kvformat before the built-in tier in each repeat (order effects: on a VM whose freed "
+                         "memory goes back to the host, whoever allocates next pays to fault it back in)")
     ap.add_argument("--kvf-fallback", action="store_true",
                     help="also run kvformat with its pure-Python fallbacks (python-xxhash, os.preadv/pwritev) "
                          "as a third contender 'kvpy', interleaved: what the C extension buys")
@@ -361,9 +403,13 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
     cell_payloads = payloads
     deps: dict[str, Any] = {}
     roots: dict[str, Path] = {}
-    names = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
-    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": []} for n in names}
+    names: tuple[str, ...] = ("fs", "kvf", "kvpy") if a.kvf_fallback else ("fs", "kvf")
+    if a.kvf_first:
+        names = names[1:] + names[:1]
+    res: dict[str, dict[str, list[float]]] = {n: {"store": [], "load": [], "store cpu": [], "load cpu": []}
+                                              for n in names}
     lim: dict[str, list[float]] = {}
+    files: dict[str, tuple[int, int]] = {}
     before = dict(CALLS)
     try:
         for name in names:
@@ -394,13 +440,15 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
                 os.sync()  # neither contender pays for the other's (or a previous run's) writeback
                 with Fallback() if name == "kvpy" else contextlib.nullcontext():
                     r = cycle(deps[name], f"{name}{rep}{tp}{row}{nreq}{shape}", a.chunks, nreq, cell_payloads,
-                              roots[name], ".bin" if name == "fs" else ".kvf")
-                for k in ("store", "load"):
-                    res[name][k].append(r[k])
+                              roots[name], ".bin" if name == "fs" else ".kvf", drop=not a.keep_files)
+                for k, v in r.items():
+                    if k in ("files", "bytes"):
+                        files[name] = (int(r["files"]), int(r["bytes"]))
+                    else:
+                        res[name][k].append(v)
                 gc.collect()
-            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads).items():
+            for k, v in limits(mdir, slot, min(a.chunks, 16), src, buf, a.threads, flip=rep % 2 == 1).items():
                 lim.setdefault(k, []).append(v)
-        files = {n: disk_bytes(roots[n], ".bin" if n == "fs" else ".kvf") for n in roots}
     finally:
         for name, d in deps.items():
             d.close()
@@ -417,10 +465,16 @@ def run_cell(a: argparse.Namespace, medium: str, mdir: str, shape: str, label: s
           + f"; disk/chunk fs {files['fs'][1] / max(1, files['fs'][0]) / 1e6:.2f} MB, "
             f"kvf {files['kvf'][1] / max(1, files['kvf'][0]) / 1e6:.2f} MB")
     print("  limits GB/s: " + ", ".join(f"{n} {med(v)}" for n, v in lim.items()) + f"  (frac uses {mode})")
+    hash_cpu = 1.0 / statistics.median(lim["xxh3 in-cache"])  # CPU s per GB of one hash pass
     for op, limit in (("store", wlim), ("load", rlim)):
         ratios = [x / y for x, y in zip(k[op], f[op])]
-        print(f"  {op:5} fs {med(f[op])} frac {statistics.median(f[op]) / limit:4.2f} | kvf {med(k[op])} frac "
+        print(f"  {op:5} GB/s fs {med(f[op])} frac {statistics.median(f[op]) / limit:4.2f} | kvf {med(k[op])} frac "
               f"{statistics.median(k[op]) / limit:4.2f} | kvf/fs {med(ratios)}", flush=True)
+        fc, kc = f[op + " cpu"], k[op + " cpu"]
+        # interleaved repeat by repeat, like the GB/s ratios
+        print(f"        CPU s/GB fs {med(fc)} | kvf {med(kc)} | kvf/fs {med([x / y for x, y in zip(kc, fc)])} | "
+              f"budget fs + 1 hash pass {statistics.median(fc) + hash_cpu:.3f} "
+              f"(kvf/budget {statistics.median(kc) / (statistics.median(fc) + hash_cpu):.2f})", flush=True)
         if "kvpy" in res:
             p = res["kvpy"][op]
             print(f"  {op:5} kvformat pure-Python fallback {med(p)} | kvf/fs {med([x / y for x, y in zip(p, f[op])])}"
@@ -455,11 +509,11 @@ def run_seal_cell(a: argparse.Namespace, medium: str, mdir: str, label: str, slo
         for rep in range(a.repeats):
             for name in SEAL_LEVELS:
                 os.sync()
-                r = cycle(deps[name], f"seal{name}{rep}{tp}{nreq}", a.chunks, nreq, payloads, roots[name], ".kvf")
-                gb = a.chunks * slot / 1e9
+                r = cycle(deps[name], f"seal{name}{rep}{tp}{nreq}", a.chunks, nreq, payloads, roots[name], ".kvf",
+                          drop=False)  # kept: the files are checked to be sealed below
                 for k in ("store", "load"):
                     res[name][k].append(r[k])
-                    res[name][f"{k}_cpu"].append(r[f"{k}_cpu"] / gb)
+                    res[name][f"{k}_cpu"].append(r[f"{k} cpu"])  # CPU s/GB
                 gc.collect()
         for name in SEAL_LEVELS[1:]:  # the files really are sealed
             hdr = K.read_header(next(roots[name].rglob("*.kvf")))

@@ -23,7 +23,9 @@ class DualPool:
     """The tier's I/O threads (``read_threads`` preferring loads, ``write_threads`` preferring stores)."""
 
     def __init__(self, read_threads: int, write_threads: int, name: str = "kvformat_tier") -> None:
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        self._cv = threading.Condition(lock)  # workers wait here for tasks
+        self._idle_cv = threading.Condition(lock)  # wait_idle waits here: a submit's notify never wakes it instead
         self._loads: collections.deque[TaskPair] = collections.deque()
         self._stores: collections.deque[TaskPair] = collections.deque()
         self._busy = 0
@@ -60,13 +62,16 @@ class DualPool:
             finally:
                 with self._cv:
                     self._busy -= 1
-                    self._cv.notify_all()
+                    # Only wait_idle waits for this, on its own condition: waking every idle I/O thread after
+                    # every chunk (they went back to sleep at once) cost each chunk a round of context switches.
+                    if not (self._busy or self._loads or self._stores):
+                        self._idle_cv.notify_all()
 
     def wait_idle(self) -> None:
         """Block until both queues are empty and no task is running."""
-        with self._cv:
+        with self._idle_cv:
             while self._loads or self._stores or self._busy:
-                self._cv.wait()
+                self._idle_cv.wait()
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Fail every queued task, then wait up to ``timeout`` s for the running ones to end.
@@ -82,6 +87,8 @@ class DualPool:
             self._loads.clear()
             self._stores.clear()
             self._cv.notify_all()
+            if not self._busy:
+                self._idle_cv.notify_all()
         for _, fail in queued:
             fail()
         for t in self._threads:

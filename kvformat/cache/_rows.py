@@ -27,6 +27,7 @@ from ..errors import (
     UnknownKeyError,
 )
 from ..format._fused import read_into_fused, write_block_fused
+from ..format._template import HeaderEncoder, HeaderTemplates
 from ..format._native import xxh3_64
 from ..format._seal import Keyring, key_for
 from ..format._spec import BlockHeader
@@ -99,6 +100,11 @@ class RowEngine:
         # Exactly a LocalStore: a subclass may override put/read_into, and the fused path would bypass it.
         self._fuse_allowed = os.environ.get("KVFORMAT_NO_FUSED") != "1"
         self._o_direct = getattr(store, "o_direct", "off") != "off"
+        # The fused paths' per-chunk header work without JSON: loads compare against headers already checked,
+        # stores patch the key into the last header made (format/_template.py, spec §11.1).
+        # Sealed headers differ per file (nonce, tag): nothing to compare against, every load parses its own.
+        self.templates = HeaderTemplates(self.layout) if self.layout.seal is None else None
+        self._encoder = HeaderEncoder(self.layout, provenance)
         # File mtime is the LRU clock a restart rebuilds from; loads hand their touches to this thread.
         self.toucher = BatchWorker(self._touch_batch, name="kvformat_tier_touch")
 
@@ -262,15 +268,20 @@ class RowEngine:
             if self._replicas_differ(h, digests, "the worker slots"):
                 return REPLICA_MISMATCH, 0
         key = BlockKey(h, self.layout.group)
-        prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
         fuse = self._fused and digests is None and self.cfg.compression == "none"
         # The replicas not written (a sharded row holds the payload once across its shards).
         saved = (max(0, self.copies * self.slot - self.payload_bytes) if self.plan.shards
                  else (self.copies - 1) * self.slot)
-        hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
-                                    level=self.cfg.compression_level,
-                                    payload_xxh3=digests[0] if digests else (0 if fuse else None), keys=self.keys,
-                                    out=self._buffer(2) if self.layout.seal == "encrypt" else None)
+        data: Any
+        if fuse and self.layout.seal is None:  # kvf.dxxh3 zero, patched by the write that hashes the payload
+            hdr, data = self._encoder.encode(key), payload
+        else:
+            prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
+            hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
+                                        level=self.cfg.compression_level,
+                                        payload_xxh3=digests[0] if digests else (0 if fuse else None),
+                                        keys=self.keys,
+                                        out=self._buffer(2) if self.layout.seal == "encrypt" else None)
         size = len(hdr) + len(data)
         for attempt in range(STORE_ATTEMPTS):
             if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
@@ -433,7 +444,8 @@ class RowEngine:
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
         if self._fused:  # one read of header + payload; dst is ours, zeroed on any failure
             return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
-                                   verify=self.cfg.verify, o_direct=self._o_direct, keys=self.keys)
+                                   verify=self.cfg.verify, o_direct=self._o_direct, keys=self.keys,
+                                   templates=self.templates)
         return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify, keys=self.keys)
 
     # -- load ----------------------------------------------------------------------------------

@@ -14,10 +14,12 @@ from typing import Any
 
 from ._block import as_bytes_view, check_expected, invalidate, unseal_into
 from ._header import _hxxh3_pos, decode_header
+from . import _native
 from ._seal import Keyring
-from ._read import _O_DIRECT, FileId, _open_regular
+from ._read import _O_DIRECT, FileId, _open_regular, _open_regular_stat
 from ._consts import ALIGNMENT, MAX_HEADER_BYTES
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
+from ._template import HeaderTemplates
 from ._write import TempFile, publish, temp_name
 from ..errors import ChecksumError, KVFormatError, TruncatedError
 
@@ -26,7 +28,7 @@ _DXXH3_FIELD = b'"kvf.dxxh3":"'
 
 def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
                     key: BlockKey | None = None, verify: bool = True, o_direct: bool = False,
-                    keys: Keyring | None = None) -> BlockHeader:
+                    keys: Keyring | None = None, templates: HeaderTemplates | None = None) -> BlockHeader:
     """:func:`read_into` with header and payload in ONE read and the payload hashed as it lands.
 
     The header region's size is guessed as (file size - payload size), exact for every uncompressed
@@ -39,41 +41,82 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     not fit (compressed files, other layouts) takes :func:`read_into`. ``o_direct``: the same one read
     through an O_DIRECT descriptor when ``out`` is page-aligned and the payload a whole number of pages
     (else, or where the filesystem refuses it, buffered). A sealed file (``keys``) is authenticated, and
-    decrypted, in ``out`` after the one read. Raises what :func:`read_into` raises.
+    decrypted, in ``out`` after the one read. ``templates`` (of ``expect``'s layout, with ``key`` given): a
+    header equal to one already checked outside its per-file fields is checked by comparison instead of
+    parsed (spec §11.1), and a header parsed and checked here becomes a template. Raises what
+    :func:`read_into` raises; every kvformat error carries the ``file_id`` of the file read.
     """
-    from . import _io, _native  # _io: the general read, for files the guess does not fit
+    try:
+        return _read_fused(os.fspath(path), out, expect, key, verify, o_direct, keys, templates, whole_ok=True)
+    except _NoIdentity:
+        # The one-call native read keeps no descriptor, so its error cannot say which file it read. Read
+        # again through a descriptor (rare: only bad files get here): the error raised then names the file
+        # it read, and a file replaced by a good one since is served.
+        return _read_fused(os.fspath(path), out, expect, key, verify, o_direct, keys, templates, whole_ok=False)
 
-    p = os.fspath(path)
+
+class _NoIdentity(Exception):
+    """A kvformat error of the native one-call read, which has no fstat of the file it read."""
+
+
+def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey | None, verify: bool,
+                o_direct: bool, keys: Keyring | None, templates: HeaderTemplates | None, *,
+                whole_ok: bool) -> BlockHeader:
+    from . import _io  # the general read, for files the guess does not fit
+
     dst = as_bytes_view(out, writable=True)
     raw = expect.payload_bytes if expect is not None else len(dst)
     direct = o_direct and _O_DIRECT and raw % ALIGNMENT == 0 and raw <= len(dst) and _addr(dst) % ALIGNMENT == 0
-    fd = _open_direct(p) if direct else _open_regular(p)
-    touched = False
-    try:
-        st = os.fstat(fd)
+    size, fd = -1, -1
+    st: os.stat_result | None = None
+    whole = whole_ok and not direct and raw <= len(dst) and _native.read_file_hash is not None
+    head: Any
+    if direct:
+        fd = _open_direct(p)
+    elif not whole:
+        fd, st = _open_regular_stat(p)  # the regular-file check's fstat gives the size too
         size = st.st_size
-        guess = size - raw
-        if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
-            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
-        head = _head_buffer(guess) if direct else bytearray(guess)
+    # Set before any read, not after it returns: a read that fails part-way (EIO on a later piece) has
+    # already put unverified file bytes into the destination, and they must not stay there (F-5.5).
+    touched = True
+    try:
+        got = _read_whole(p, dst[:raw], verify) if whole else None
+        if got is not None:  # open, fstat, read + hash and close in one GIL-free native call
+            size, head, hgot, dgot, digest = got
+            guess = size - raw
+        else:
+            whole = False
+            if fd < 0:
+                fd, st = _open_regular_stat(p)
+                size = st.st_size
+            if st is None:
+                st = os.fstat(fd)
+                size = st.st_size
+            guess = size - raw
+            if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
+                touched = False
+                return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
+            head = _head_buffer(guess) if direct else bytearray(guess)
+            body = dst[:raw]
+            try:
+                hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
+            except OSError as e:
+                if not direct or e.errno != errno.EINVAL:
+                    raise
+                os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
+                fd = -1
+                fd, st = _open_regular_stat(p)
+                direct = False
+                head = bytearray(guess)
+                hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         body = dst[:raw]
-        # Set before the read, not after it returns: a read that fails part-way (EIO on a later piece) has
-        # already put unverified file bytes into the destination, and they must not stay there (F-5.5).
-        touched = True
-        try:
-            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
-        except OSError as e:
-            if not direct or e.errno != errno.EINVAL:
-                raise
-            os.close(fd)  # O_DIRECT refused at read time (some FUSE filesystems): the same read, buffered
-            fd = -1
-            fd = _open_regular(p)
-            st = os.fstat(fd)
-            direct = False
-            head = bytearray(guess)
-            hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
-        hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
-        check_expected(hdr, expect, key)
+        # Sealed headers differ per file (nonce, tag): never templates (the tier passes none for them).
+        usable = templates is not None and key is not None and expect is templates.layout
+        hdr = templates.match(memoryview(head)[:hgot], size, key, verify) if usable else None  # type: ignore[union-attr,arg-type]
+        learn = usable and hdr is None
+        if hdr is None:
+            hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
+            check_expected(hdr, expect, key)
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
@@ -86,11 +129,15 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
                 raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
         if hdr.seal is not None:  # after F-5.2: a damaged file is a checksum failure, a forged one fails here
             unseal_into(hdr, memoryview(head)[:hdr.data_offset], body, keys)  # F-12.5, F-12.6
+        elif learn:
+            templates.learn(bytes(memoryview(head)[:hgot]), hdr)  # type: ignore[union-attr]
         return hdr
     except KVFormatError as e:
         if touched:
             invalidate(dst[:raw])  # F-5.5: wrong bytes never stay in the destination
         if e.file_id is None:  # the file this descriptor read, for a quarantine (FileId)
+            if st is None:
+                raise _NoIdentity() from None
             e.file_id = FileId.of_stat(st)
         raise e.with_path(p) from None  # the same error, now naming its file
     except BaseException:
@@ -100,6 +147,28 @@ def read_into_fused(path: str | os.PathLike[str], out: Any, *, expect: Canonical
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _read_whole(p: str, body: memoryview, verify: bool) -> tuple[int, memoryview, int, int, int | None] | None:
+    """The native one-call read into a per-thread header buffer: (file size, header buffer, header bytes read,
+    payload bytes read, payload xxh3). None when the size does not fit the guess (the caller's general path);
+    what is not a regular file raises as :func:`_open_regular` does."""
+    buf = _HEADS.__dict__.get("whole")
+    for _ in range(2):
+        if buf is None:
+            buf = _HEADS.whole = bytearray(1 << 16)
+        status, size, hgot, dgot, digest = _native.read_file_hash(p, buf, body, hash=verify,
+                                                                  max_head=MAX_HEADER_BYTES + ALIGNMENT,
+                                                                  align=ALIGNMENT)
+        if status == 0:
+            return size, memoryview(buf), hgot, dgot, digest
+        if status == 1:
+            os.close(_open_regular(p))  # raises what it raises for a directory or a FIFO; replaced since: retry
+            return None
+        if status == 2:
+            return None
+        buf = _HEADS.whole = bytearray(size - len(body))  # status 3: a larger header region than seen so far
+    return None
 
 
 _HEADS = threading.local()  # per-thread page-aligned header buffers for O_DIRECT reads (no mmap per read)
@@ -168,8 +237,6 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
     Returns ``(written, payload xxh3 as 16 hex)``; ``written`` is False when ``overwrite`` is False
     and ``path`` exists.
     """
-    from . import _native
-
     dpos = header.index(_DXXH3_FIELD) + len(_DXXH3_FIELD)
     hpos = _hxxh3_pos(header)
     d = os.path.dirname(path) or "."

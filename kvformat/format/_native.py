@@ -78,6 +78,39 @@ def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_po
     return dh, hh
 
 
+_HEX = frozenset(b"0123456789abcdef")
+
+
+def _py_header_match(head: Any, template: Any, spans: Any, hxxh3_pos: int, verify: bool) -> tuple[int, int]:
+    import numpy as np
+
+    h, t = bytes(head), bytes(template)
+    sp = np.frombuffer(spans, dtype=np.int64).reshape(-1, 3).tolist()
+    prev = 0
+    for a, b, kind in sp:
+        if a < prev or b < a or b > len(t) or kind not in (0, 1):
+            raise ValueError("spans: out of order, outside the template or of an unknown kind")
+        prev = b
+    if [hxxh3_pos, hxxh3_pos + 16, 0] not in sp:
+        raise ValueError("hxxh3_pos: not one of the hex spans of 16 digits")
+    if len(h) != len(t):
+        return 1, 0
+    pos = 0
+    for a, b, kind in sp:
+        v = h[a:b]
+        if h[pos:a] != t[pos:a] or not v:
+            return 1, 0
+        if kind == 0 and not set(v) <= _HEX or kind == 1 and (not v.isdigit() or (len(v) > 1 and v[:1] == b"0")):
+            return 1, 0
+        pos = b
+    if h[pos:] != t[pos:]:
+        return 1, 0
+    if not verify:
+        return 0, 0
+    hh = xxhash.xxh3_64_intdigest(h[:hxxh3_pos] + b"0" * 16 + h[hxxh3_pos + 16:])
+    return (0, 0) if f"{hh:016x}".encode() == h[hxxh3_pos:hxxh3_pos + 16] else (2, hh)
+
+
 def _py_copy_runs(dst: Any, src: Any, runs: Any) -> None:
     import numpy as np
 
@@ -99,11 +132,15 @@ if _native is not None:
     pread_hash = _native.pread_hash
     pwrite_hash = _native.pwrite_hash
     copy_runs = _native.copy_runs
+    header_match = _native.header_match
+    read_file_hash: Any = _native.read_file_hash  # no fallback: without it the tier opens, reads and closes
 else:
     xxh3_64 = _py_xxh3_64
     pread_hash = _py_pread_hash
     pwrite_hash = _py_pwrite_hash
     copy_runs = _py_copy_runs
+    header_match = _py_header_match
+    read_file_hash = None
 
 _py_pread_hash.__doc__ = ("Fallback of the native pread_hash: one preadv into head and dst, then xxh3 of dst. "
                           "Returns (head bytes read, dst bytes read, xxh3 of dst or None).")
@@ -111,5 +148,8 @@ _py_pwrite_hash.__doc__ = ("Fallback of the native pwrite_hash: hash the payload
                            "of the header, one pwritev of header+payload. Returns (dxxh3, hxxh3).")
 
 _py_copy_runs.__doc__ = "Fallback of the native copy_runs: the same checks, then one slice copy per piece."
+_py_header_match.__doc__ = ("Fallback of the native header_match: the template compared outside the per-file spans, "
+                            "each span's syntax, then the header checksum. Returns (status, computed hxxh3 or 0).")
 
-__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash", "copy_runs"]
+__all__ = ["HAVE_NATIVE", "PIECE", "simd", "xxh3_64", "pread_hash", "pwrite_hash", "copy_runs", "header_match",
+           "read_file_hash"]

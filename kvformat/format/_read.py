@@ -259,6 +259,11 @@ def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None =
 
 
 def _open_regular(p: str) -> int:
+    return _open_regular_stat(p)[0]
+
+
+def _open_regular_stat(p: str) -> tuple[int, os.stat_result]:
+    """:func:`_open_regular` and the file's fstat (the tier's read needs its size: one fstat, not two)."""
     # O_NONBLOCK: opening a FIFO planted under a block's name must not block a reader forever
     # (it is a no-op for regular files); anything but a regular file is not a kvformat file.
     fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
@@ -270,4 +275,4 @@ def _open_regular(p: str) -> int:
         err = NotKVFormatError("not a regular file", path=p)
         err.file_id = FileId.of_stat(st)
         raise err
-    return fd
+    return fd, st
