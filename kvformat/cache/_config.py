@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from ..format._sizes import parse_limit
 from ..errors import SchemaError, UsageError
+from ._keyscheme import parse_key_scheme
 
 REPLICA_POLICIES = ("verify", "trust_rank0")
 O_DIRECT_MODES = ("auto", "on", "off")
@@ -54,6 +55,8 @@ class TierConfig:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     enable_kv_events: bool = False
     locality: str | None = None
+    # How files are named across engines (kvformat.cache._keyscheme): "engine" or "token-chain".
+    key_scheme: str = "engine"
 
     @classmethod
     def parse(cls, root: Any, **kw: Any) -> "TierConfig":
@@ -85,4 +88,5 @@ class TierConfig:
             storage_options=dict(so),
             enable_kv_events=kw.get("enable_kv_events", False),
             locality=kw.get("locality"),
+            key_scheme=parse_key_scheme(kw.get("key_scheme", "engine")),
         )
