@@ -87,11 +87,9 @@ def chain_layout(model: str, kv_dtype: str, page_tokens: int, layer_index: Seque
     change bytes for the same tokens (``rope``, and ``kv_scale`` for fp8); the key scheme is pinned here.
     Raises SchemaError when the layers are not a pure MLA latent stack (only those have one byte form).
     """
-    if len(layer_index) != len(layers) or list(layer_index) != list(range(layer_index[0], layer_index[0] + len(layers))):
-        raise SchemaError("layers", f"token-chain files hold a contiguous decoder stack, got layers {list(layer_index)[:8]}")
-    if layer_index[0] != 0:
-        raise SchemaError("layers", "token-chain files hold the whole decoder stack from layer 0 (pipeline stages "
-                          "are not supported)")
+    if list(layer_index) != list(range(len(layers))):
+        raise SchemaError("layers", "token-chain files hold the whole decoder stack from layer 0, in order (pipeline "
+                          f"stages are not supported); got layers {list(layer_index)[:8]}")
     if pins.get("rope") not in ROPE_STYLES:
         raise SchemaError("rope", f"the RoPE convention (one of {', '.join(ROPE_STYLES)}) must be known for a "
                           f"token-chain namespace, got {pins.get('rope')!r}")
@@ -101,7 +99,8 @@ def chain_layout(model: str, kv_dtype: str, page_tokens: int, layer_index: Seque
             raise SchemaError("layers", f"layer {l.name} is not a plain MLA latent of {kv_dtype}; token-chain "
                               "namespaces hold pure MLA stacks only")
         if page_tokens % l.shape[0]:
-            raise SchemaError("layers", f"layer {l.name}: blocks of {l.shape[0]} tokens do not tile a {page_tokens}-token page")
+            raise SchemaError("layers", f"layer {l.name}: blocks of {l.shape[0]} tokens do not tile a "
+                              f"{page_tokens}-token page")
         out.append(LayerSpec(chain_layer_name(i), l.dtype, (page_tokens, l.shape[1])))
     return CanonicalLayout(model=model, kv_dtype=kv_dtype, tokens_per_block=page_tokens, blocks_per_chunk=1,
                            tokens_per_hash=page_tokens, layers=tuple(out), family="mla", revision=revision, group=0,

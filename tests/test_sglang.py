@@ -1,0 +1,309 @@
+"""kvformat's SGLang HiCache backend through SGLang 0.5.23's real classes (tests/sglang_harness.py): its dynamic
+backend loader, storage config, MLA host pool in all three host layouts and its page key function.
+
+Expected bytes come from SGLang: pages as its ``get_data_page`` returns them, and the bytes its own built-in
+file backend (``HiCacheFile``) writes for a page.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sglang_harness = pytest.importorskip("sglang_harness", reason="SGLang is installed by tools/setup.sh")
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheFile  # noqa: E402
+from sglang.srt.mem_cache.utils import storage_namespace_seed  # noqa: E402
+from sglang_harness import LAYOUTS, MODEL, PAGE, attach, fill, host_pool, page_keys, pages  # noqa: E402
+from s3_server import s3_bucket, s3_env, s3_server  # noqa: E402,F401
+
+import kvformat as K  # noqa: E402
+from kvformat.cache._keyscheme import page_chain  # noqa: E402
+from kvformat.errors import SchemaError  # noqa: E402
+from kvformat.sglang import KVFormatHiCache  # noqa: E402
+
+
+def _files(root: str) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                  if f.endswith(".kvf") and ".quarantine" not in d)
+
+
+def test_page_chain_is_sglangs_key_function() -> None:
+    """The token-chain key vLLM's tier computes equals SGLang's own page keys (its JIT-built C++ hash): plain,
+    seeded by a cache salt / LoRA extra key, and with a token id above u32 (SGLang's wide form)."""
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, 150_000, (5 * PAGE + 17,), generator=g).tolist()
+    assert page_chain(tokens, PAGE) == page_keys(tokens)[:5]  # SGLang also hashes the partial tail page
+    seed = storage_namespace_seed("lora-7", "salt")
+    assert seed is not None
+    assert page_chain(tokens, PAGE, prior=seed) == page_keys(tokens, prior=seed)[:5]
+    assert page_chain(tokens, PAGE, prior=seed) != page_chain(tokens, PAGE)
+    wide = tokens[:2 * PAGE]
+    wide[PAGE + 3] = (1 << 32) + 5
+    assert page_chain(wide, PAGE) == page_keys(wide)
+    # Extending a chain computed earlier gives the same keys as computing it whole.
+    head = page_chain(tokens[:2 * PAGE], PAGE)
+    assert page_chain(tokens, PAGE, start_page=2, out=head) == page_keys(tokens)[:5]
+
+
+@pytest.mark.parametrize("writer", LAYOUTS)
+def test_every_host_layout_reads_every_other(writer: str, tmp_path) -> None:
+    """A page stored from one host layout loads into each of the three, per layer and token the same latents;
+    the file's tensors are the page's [layer][token][latent], exactly the bytes SGLang's own file backend writes
+    for a ``layer_first`` / ``page_first_direct`` page."""
+    root = str(tmp_path / "kv")
+    wpool = host_pool(writer)
+    idx = fill(wpool, 3, seed=1)
+    keys = page_keys(list(range(100, 100 + 3 * PAGE)))
+    w = attach(wpool, root)
+    try:
+        assert w.batch_set_v1(keys, idx) == [True, True, True]
+        assert len(_files(root)) == 3
+        assert w.batch_set_v1(keys, idx) == [True, True, True]  # already stored: nothing rewritten
+        assert w.counters()["files_written"] == 3
+    finally:
+        w.close()
+    want = pages(wpool, idx)
+    # SGLang's built-in file backend, on a layout whose page is already layer-major, writes the payload bytes.
+    ref_pool = host_pool("page_first_direct")
+    ridx = fill(ref_pool, 3, seed=1)
+    ref = HiCacheFile(sglang_harness.storage_config(ref_pool, {"file_storage_path": str(tmp_path / "hf")}))
+    for k, s in zip(keys, ridx[::PAGE].tolist()):
+        assert ref.set(k, ref_pool.get_data_page(s))
+    for k, p in zip(keys, want):
+        f = next(f for f in _files(root) if os.path.basename(f) == f"{k}.kvf")
+        raw = open(os.path.join(tmp_path / "hf", f"{k}_{MODEL.replace('/', '-')}.bin"), "rb").read()
+        hdr = K.read_header(f)
+        assert hdr.provenance.writer.endswith(f"(sglang {writer})")
+        payload = bytearray(hdr.raw_bytes)
+        K.read_into(f, payload)
+        assert payload == raw
+        tensors = K.load_file(f)
+        assert torch.equal(torch.stack([t[0] for t in tensors.values()]), p)
+    for reader in LAYOUTS:
+        rpool = host_pool(reader)
+        rpool.alloc(2 * PAGE)  # other pages first: the reader's host indices differ from the writer's
+        ridx = rpool.alloc(3 * PAGE)
+        r = attach(rpool, root, tp=8, rank=5)
+        try:
+            assert r.batch_exists(keys) == 3
+            assert r.batch_get_v1(keys, ridx) == [True, True, True]
+            for a, b in zip(pages(rpool, ridx), want):
+                assert torch.equal(a, b), (writer, reader)
+        finally:
+            r.close()
+
+
+def test_tp8_group_writes_each_page_once_tp1_reads(tmp_path) -> None:
+    """Eight TP ranks over one root: only SGLang's storage writer (rank 0) writes, so each page is one file
+    (SGLang's file backend keys MLA pages per model only, but each rank of another backend might write its
+    own); the other ranks report the page stored; a TP=1 deployment reads every page."""
+    root = str(tmp_path)
+    keys = page_keys(list(range(7, 7 + 4 * PAGE)))
+    ranks = []
+    try:
+        for rank in range(8):
+            pool = host_pool("page_first")
+            idx = fill(pool, 4, seed=3)
+            ranks.append((attach(pool, root, tp=8, rank=rank), idx))
+        readers_first = [b.batch_set_v1(keys, i) for b, i in ranks[1:]]
+        assert readers_first == [[False] * 4] * 7  # nothing stored yet, and a non-writer writes nothing
+        assert _files(root) == []
+        assert ranks[0][0].batch_set_v1(keys, ranks[0][1]) == [True] * 4
+        assert [b.batch_set_v1(keys, i) for b, i in ranks[1:]] == [[True] * 4] * 7
+        assert len(_files(root)) == 4
+        assert sum(b.counters()["files_written"] for b, _ in ranks) == 4
+        want = pages(ranks[0][0].mem_pool_host, ranks[0][1])
+    finally:
+        for b, _ in ranks:
+            b.close()
+    pool = host_pool("layer_first")
+    idx = pool.alloc(4 * PAGE)
+    r = attach(pool, root, tp=1)
+    try:
+        assert r.batch_get_v1(keys, idx) == [True] * 4
+        assert all(torch.equal(a, b) for a, b in zip(pages(pool, idx), want))
+    finally:
+        r.close()
+
+
+def test_corrupt_file_is_a_miss_quarantined_and_never_reaches_the_pool(tmp_path, caplog) -> None:
+    root = str(tmp_path)
+    wpool = host_pool("page_first")
+    idx = fill(wpool, 3, seed=4)
+    keys = page_keys(list(range(3 * PAGE)))
+    w = attach(wpool, root)
+    assert w.batch_set_v1(keys, idx) == [True] * 3
+    w.close()
+    bad = next(f for f in _files(root) if os.path.basename(f) == f"{keys[1]}.kvf")
+    with open(bad, "r+b") as f:
+        f.seek(os.path.getsize(bad) - 1000)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    for layout in ("page_first", "page_first_direct"):  # a strided copy and a read straight into the pool
+        rpool = host_pool(layout)
+        ridx = rpool.alloc(3 * PAGE)
+        r = attach(rpool, root, tp=2, rank=1)
+        try:
+            got = r.batch_get_v1(keys, ridx)
+            c = r.counters()
+        finally:
+            r.close()
+        if layout == "page_first":
+            assert got == [True, False, True]
+            assert c["checksum_failures"] == 1 and c["quarantined:ChecksumError"] == 1
+            assert not os.path.exists(bad)
+        else:
+            assert got == [True, False, True]  # quarantined by the first reader: gone, a plain miss
+            assert c["missing_files"] == 1
+        miss = pages(rpool, ridx)[1]
+        assert not miss.any(), "a page whose file failed must not hold its bytes"
+    assert "ChecksumError" in caplog.text
+    moved = [f for d, _, fs in os.walk(tmp_path / ".quarantine") for f in fs]
+    assert moved and moved[0].startswith(f"{keys[1]}.kvf")
+
+
+def test_dtype_and_revision_are_identity_33268(tmp_path) -> None:
+    """SGLang's keys omit the KV dtype (sglang #33268): its file backend serves a bf16 page to an fp8 reader.
+    kvformat's namespace holds the dtype and the revision, so either change is a miss."""
+    root = str(tmp_path / "kv")
+    wpool = host_pool("page_first_direct")
+    idx = fill(wpool, 2, seed=5)
+    keys = page_keys(list(range(50, 50 + 2 * PAGE)))
+    w = attach(wpool, root, model_revision="rev-a")
+    assert w.batch_set_v1(keys, idx) == [True, True]
+    w.close()
+    fp8 = host_pool("page_first_direct", dtype=torch.uint8)
+    # SGLang's own file backend: the fp8 deployment finds the bf16 deployment's pages under the same keys.
+    hf_dir = str(tmp_path / "hf")
+    hf = HiCacheFile(sglang_harness.storage_config(wpool, {"file_storage_path": hf_dir}))
+    for k, s in zip(keys, idx[::PAGE].tolist()):
+        hf.set(k, wpool.get_data_page(s))
+    hf8 = HiCacheFile(sglang_harness.storage_config(fp8, {"file_storage_path": hf_dir}))
+    assert hf8.batch_exists(keys) == 2
+    with pytest.raises(SchemaError, match="fp8"):  # an fp8 pool without its dtype is refused, not guessed
+        attach(fp8, root)
+    for kw in ({"kv_cache_dtype": "fp8_e4m3", "model_revision": "rev-a"}, {"model_revision": "rev-b"}, {}):
+        pool = fp8 if "kv_cache_dtype" in kw else host_pool("page_first_direct")
+        r = attach(pool, root, **kw)
+        try:
+            assert r.batch_exists(keys) == 0, kw
+            assert r.batch_get_v1(keys, pool.alloc(2 * PAGE)) == [False, False]
+        finally:
+            r.close()
+    r = attach(host_pool("layer_first"), root, model_revision="rev-a")
+    try:
+        assert r.batch_exists(keys) == 2
+    finally:
+        r.close()
+
+
+def test_max_bytes_evicts_least_recent_within_the_bound(tmp_path) -> None:
+    root = str(tmp_path)
+    pool = host_pool("page_first", pages=8)
+    idx = fill(pool, 6, seed=6)
+    keys = page_keys(list(range(9, 9 + 6 * PAGE)))
+    one = None
+    w = attach(pool, root, max_bytes=0)
+    try:
+        assert w.batch_set_v1(keys[:1], idx[:PAGE]) == [True]
+        one = os.path.getsize(_files(root)[0])
+    finally:
+        w.close()
+    for f in _files(root):
+        os.unlink(f)
+    w = attach(pool, root, max_bytes=3 * one)
+    try:
+        w.wait_scanned(30)
+        for i in range(6):
+            assert w.batch_set_v1(keys[i:i + 1], idx[i * PAGE:(i + 1) * PAGE]) == [True]
+            assert sum(os.path.getsize(f) for f in _files(root)) <= 3 * one
+        c = w.counters()
+        assert c["evictions"] == 3 and c["used_bytes"] == 3 * one and c["files"] == 3
+        assert w.batch_exists(keys) == 0 and w.batch_exists(keys[3:]) == 3
+    finally:
+        w.close()
+
+
+def test_refusals_by_name(tmp_path) -> None:
+    root = str(tmp_path)
+    pool = host_pool("page_first")
+    with pytest.raises(SchemaError, match="pipeline"):
+        attach(pool, root, pp=2)
+    with pytest.raises(SchemaError, match="unknown parameter"):
+        attach(pool, root, replica_policy="verify")
+    with pytest.raises(SchemaError, match="rope"):
+        attach(pool, root, key_scheme="token-chain")
+    with pytest.raises(SchemaError, match="model"):
+        attach(pool, root, model=None)
+    with pytest.raises(SchemaError, match="interface_v1"):
+        KVFormatHiCache(sglang_harness.storage_config(pool, {"root": root}))
+    unified = host_pool("page_unified")
+    with pytest.raises(SchemaError, match="page_unified"):
+        attach(unified, root)
+    assert not _files(root)
+
+
+def test_token_chain_namespace_differs_and_pins_rope(tmp_path) -> None:
+    pool = host_pool("page_first_direct")
+    a = attach(pool, str(tmp_path))
+    b = attach(pool, str(tmp_path), key_scheme="token-chain", rope="interleaved")
+    c = attach(pool, str(tmp_path), key_scheme="token-chain", rope="neox")
+    try:
+        spaces = {x.layout.namespace() for x in (a, b, c)}
+        assert len(spaces) == 3
+        assert b.layout.pins["rope"] == "interleaved" and "key_scheme" in b.layout.pins
+    finally:
+        for x in (a, b, c):
+            x.close()
+
+
+def test_s3_root_round_trip(s3_bucket: str) -> None:  # noqa: F811
+    """An ``s3://`` root on a real S3 API server (moto on 127.0.0.1)."""
+    url = f"s3://{s3_bucket}/kv"
+    wpool = host_pool("page_first")
+    idx = fill(wpool, 2, seed=8)
+    keys = page_keys(list(range(300, 300 + 2 * PAGE)))
+    w = attach(wpool, url, storage_options={"timeout_s": 5.0})
+    try:
+        assert w.batch_set_v1(keys, idx) == [True, True]
+    finally:
+        w.close()
+    rpool = host_pool("layer_first")
+    ridx = rpool.alloc(2 * PAGE)
+    r = attach(rpool, url, tp=4, rank=2, storage_options={"timeout_s": 5.0})
+    try:
+        assert r.batch_exists(keys) == 2
+        assert r.batch_get_v1(keys, ridx) == [True, True]
+        assert all(torch.equal(x, y) for x, y in zip(pages(rpool, ridx), pages(wpool, idx)))
+    finally:
+        r.close()
+
+
+def test_cli_inspect_verify_gc_on_an_sglang_root(tmp_path) -> None:
+    root = str(tmp_path)
+    pool = host_pool("page_first")
+    idx = fill(pool, 2, seed=9)
+    w = attach(pool, root)
+    try:
+        assert w.batch_set_v1(page_keys(list(range(2 * PAGE))), idx) == [True, True]
+    finally:
+        w.close()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kvformat.cli", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    out = cli("inspect", root, "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"files": 2' in out.stdout.replace(" ", "").replace('"files":2', '"files": 2'), out.stdout
+    assert cli("verify", root).returncode == 0
+    out = cli("gc", root, "--max-bytes", "1")
+    assert out.returncode == 0, out.stderr
+    assert len(_files(root)) <= 1
+
