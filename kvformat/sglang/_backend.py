@@ -52,7 +52,7 @@ _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "fi
 _CACHE_KEYS = ("root", "read_threads", "write_threads", "compression", "compression_level", "verify", "max_bytes",
                "o_direct", "fsync", "model_revision", "storage_options", "key_scheme")
 # Facts SGLang does not pass to a storage backend (kvformat.sglang._facts).
-_FACT_KEYS = ("model", "kv_cache_dtype", "rope")
+_FACT_KEYS = ("model", "kv_cache_dtype", "rope", "quantization")
 _KEY_RE = re.compile(r"[0-9a-f]{2,128}")
 
 
@@ -71,6 +71,8 @@ class KVFormatHiCache(HiCacheStorage):
     model_revision: model revision (default: SGLang's ``--revision`` when the server args are set).
     kv_cache_dtype: ``"fp8_e4m3"`` / ``"fp8_e5m2"`` for an fp8 cache (SGLang's host pool holds uint8).
     rope: ``"interleaved"`` or ``"neox"``: the model's RoPE convention (token-chain only).
+    quantization: the weights' quantization as vLLM names it (token-chain: vLLM pins its own; default: SGLang's
+        ``--quantization`` when the server args are set).
 
     Raises
     ------

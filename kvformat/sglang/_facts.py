@@ -48,6 +48,7 @@ class PageFacts:
     writer: bool  # SGLang's is_storage_writer: one writer per TP group for MLA
     key_scheme: str = ENGINE
     rope: str | None = None
+    quantization: str | None = None  # weight quantization, pinned in a token-chain namespace (vLLM pins it)
     sources: Mapping[str, str] = field(default_factory=dict)  # fact -> where it came from (logs)
 
     @property
@@ -67,6 +68,8 @@ class PageFacts:
             pins = {"rope": self.rope or ""}
             if self.st_dtype.startswith("F8"):
                 pins["kv_scale"] = "none"  # SGLang casts the latent to fp8 unscaled (vLLM divides by k_scale)
+            if self.quantization:
+                pins["quantization"] = self.quantization
             return chain_layout(self.model, self.kv_dtype, self.page_tokens, range(self.n_layers), layers,
                                 self.revision, pins)
         # SGLang's own page keys (seeded by LoRA id / cache salt when set), in a namespace of its own.
@@ -147,6 +150,7 @@ def page_facts(storage_config: Any, pool: Any, extra: Mapping[str, Any], key_sch
         kv_dtype = _FP8_NAMES[said]
     else:
         raise SchemaError("kv_cache_dtype", f"SGLang host dtype {host_dtype} is not a KV dtype kvformat stores")
+    quant = _fact("quantization", extra.get("quantization"), getattr(args, "quantization", None) or None, sources)
     rope = extra.get("rope")
     if rope is not None and rope not in ROPE_STYLES:
         raise SchemaError("rope", f"expected one of {', '.join(ROPE_STYLES)}, got {rope!r}")
@@ -157,7 +161,7 @@ def page_facts(storage_config: Any, pool: Any, extra: Mapping[str, Any], key_sch
     return PageFacts(model=str(model), kv_dtype=kv_dtype, revision=revision, page_tokens=int(pool.page_size),
                      n_layers=int(pool.layer_num), width=int(pool.kv_cache_dim), host_layout=pool.layout,
                      host_tokens=int(pool.size), tp_size=int(sc.tp_size), writer=bool(sc.is_storage_writer),
-                     key_scheme=key_scheme, rope=rope, sources=sources)
+                     key_scheme=key_scheme, rope=rope, quantization=quant, sources=sources)
 
 
 def page_plan(facts: PageFacts, layout: CanonicalLayout) -> tuple[RowPlan, int, bool]:
