@@ -307,3 +307,40 @@ def test_cli_inspect_verify_gc_on_an_sglang_root(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     assert len(_files(root)) <= 1
 
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compact_sglang_file_backend_pages(tmp_path, layout: str, capsys) -> None:
+    """Pages SGLang's built-in file backend wrote (raw, in the writer's host layout) become kvformat files that
+    kvformat's backend serves to a deployment of another layout; files that are not a whole MLA page of the given
+    geometry are skipped by reason."""
+    from kvformat.cli import main
+
+    src, dst = str(tmp_path / "hicache"), str(tmp_path / "kv")
+    pool = host_pool(layout)
+    idx = fill(pool, 3, seed=12)
+    keys = page_keys(list(range(500, 500 + 3 * PAGE)))
+    hf = HiCacheFile(sglang_harness.storage_config(pool, {"file_storage_path": src}))
+    for k, s in zip(keys, idx[::PAGE].tolist()):
+        assert hf.set(k, pool.get_data_page(s))
+    # A TP-sharded (non-MLA) writer's page and a truncated page: not converted.
+    suffix = MODEL.replace("/", "-")
+    with open(os.path.join(src, f"{'ab' * 32}_{suffix}_0_2.bin"), "wb") as f:
+        f.write(b"\0" * 10)
+    with open(os.path.join(src, f"{'cd' * 32}_{suffix}.bin"), "wb") as f:
+        f.write(b"\0" * 10)
+    argv = ["compact", src, dst, "--from", "sglang", "--model", MODEL, "--layers", "4", "--page-size", str(PAGE),
+            "--host-layout", layout, "--json"]
+    assert main(argv) == 1  # some files skipped
+    rep = __import__("json").loads(capsys.readouterr().out)
+    assert (rep["seen"], rep["written"], sum(rep["skipped"].values())) == (5, 3, 2)
+    assert main(argv) == 1 and __import__("json").loads(capsys.readouterr().out)["existed"] == 3
+    rpool = host_pool("page_first" if layout != "page_first" else "layer_first")
+    ridx = rpool.alloc(3 * PAGE)
+    r = attach(rpool, dst, tp=4, rank=1)
+    try:
+        assert r.layout.namespace() == rep["namespace"]
+        assert r.batch_get_v1(keys, ridx) == [True] * 3
+        assert all(torch.equal(a, b) for a, b in zip(pages(rpool, ridx), pages(pool, idx)))
+    finally:
+        r.close()
