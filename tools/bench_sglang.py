@@ -92,8 +92,11 @@ def main() -> int:
     ratios = []
     for parent in a.roots.split(","):
         for layout in LAYOUTS:
-            wpool = host_pool(layout, layers=a.layers, pages=a.pages)
-            rpool = host_pool(layout, layers=a.layers, pages=a.pages)
+            # SGLang's page_first_direct pool indexes its per-layer views by page (pool/mla.py
+            # _initialize_transfer_views), so it needs at least as many pages as layers.
+            n = max(a.pages, a.layers // 2 + 1)
+            wpool = host_pool(layout, layers=a.layers, pages=n)
+            rpool = host_pool(layout, layers=a.layers, pages=n)
             widx = fill(wpool, a.pages, seed=1)
             ridx = rpool.alloc(a.pages * PAGE)
             res: dict[str, list[tuple[float, ...]]] = {"SGLang HiCacheFile": [], "kvformat": []}
