@@ -272,7 +272,10 @@ class Deployment:
         out: dict[OffloadKey, bytes | None] = {}
         batch = max(1, self.num_chunks // 2)
         for i in range(0, len(keys), batch):
-            out.update(self._load_batch(keys[i:i + batch], timeout, raw, req_context))
+            part = keys[i:i + batch]
+            # Subclasses override _load_batch(keys, timeout, raw): pass the context only when there is one.
+            out.update(self._load_batch(part, timeout, raw) if req_context is None
+                       else self._load_batch(part, timeout, raw, req_context))
         return out
 
     def _load_batch(self, keys: list[OffloadKey], timeout: float, raw: bool,
