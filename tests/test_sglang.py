@@ -263,6 +263,50 @@ def test_token_chain_namespace_differs_and_pins_rope(tmp_path) -> None:
             x.close()
 
 
+def test_stats_clear_and_legacy_calls(tmp_path) -> None:
+    """SGLang's metrics and operations: ``get_stats`` returns SGLang's own ``StorageMetrics`` (pages per batch,
+    drained by each call), ``clear`` (``/clear_hicache_storage_backend``) deletes the writer's namespace and
+    nothing else, a non-writer rank's ``clear`` deletes nothing, and the legacy per-page calls are refused."""
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+
+    root = str(tmp_path)
+    pool = host_pool("page_first")
+    idx = fill(pool, 3, seed=13)
+    keys = page_keys(list(range(700, 700 + 3 * PAGE)))
+    other = attach(pool, root, model_revision="other")
+    w = attach(pool, root)
+    rpool = host_pool("layer_first")
+    r = attach(rpool, root, tp=2, rank=1)
+    try:
+        assert other.batch_set_v1(keys[:1], idx[:PAGE]) == [True]
+        assert w.batch_set_v1(keys, idx) == [True] * 3
+        stats = w.get_stats()
+        assert isinstance(stats, StorageMetrics)
+        assert stats.backup_pgs == [3] and len(stats.backup_bandwidth) == 1 and stats.prefetch_pgs == []
+        assert w.get_stats().backup_pgs == []  # drained
+        assert r.batch_get_v1(keys[:2], rpool.alloc(2 * PAGE)) == [True, True]
+        assert r.get_stats().prefetch_pgs == [2]
+        assert len(_files(root)) == 4
+        r.clear()  # a reader rank: nothing deleted
+        assert len(_files(root)) == 4
+        w.clear()
+        assert w.batch_exists(keys) == 0
+        # Another rank learns of the deletion at its next read of the page: a miss (the host page is not
+        # filled), after which it no longer reports the page stored.
+        before = pages(rpool, ridx := rpool.alloc(2 * PAGE))
+        assert r.batch_get_v1(keys[:2], ridx) == [False, False]
+        assert all(torch.equal(a, b) for a, b in zip(pages(rpool, ridx), before))
+        assert r.batch_exists(keys) == 0 and r.counters()["missing_files"] == 2
+        assert len(_files(root)) == 1 and other.batch_exists(keys[:1]) == 1  # another namespace: kept
+        with pytest.raises(SchemaError, match="interface_v1"):
+            w.get(keys[0])
+        with pytest.raises(SchemaError, match="interface_v1"):
+            w.batch_set(keys, [pool.get_data_page(0)])
+    finally:
+        for x in (other, w, r):
+            x.close()
+
+
 def test_s3_root_round_trip(s3_bucket: str) -> None:  # noqa: F811
     """An ``s3://`` root on a real S3 API server (moto on 127.0.0.1)."""
     url = f"s3://{s3_bucket}/kv"
