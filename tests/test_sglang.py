@@ -203,6 +203,37 @@ def test_dtype_and_revision_are_identity_33268(tmp_path) -> None:
         r.close()
 
 
+@pytest.mark.parametrize("fp8", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_cache_round_trip_across_layouts(tmp_path, fp8: str) -> None:
+    """An fp8 cache (SGLang's host pool holds it as uint8): stored from ``page_first`` with its configured fp8
+    dtype, recorded as that dtype in the file, read back into a ``layer_first`` pool byte for byte; the other
+    fp8 dtype is another namespace (a miss)."""
+    root = str(tmp_path)
+    wpool = host_pool("page_first", dtype=torch.uint8)
+    idx = fill(wpool, 2, seed=14)
+    keys = page_keys(list(range(900, 900 + 2 * PAGE)))
+    w = attach(wpool, root, kv_cache_dtype=fp8)
+    try:
+        assert w.batch_set_v1(keys, idx) == [True, True]
+    finally:
+        w.close()
+    tensors = K.load_file(_files(root)[0])
+    assert {str(t.dtype) for t in tensors.values()} == {"torch.float8_e4m3fn" if fp8 == "fp8_e4m3"
+                                                         else "torch.float8_e5m2"}
+    rpool = host_pool("layer_first", dtype=torch.uint8)
+    ridx = rpool.alloc(2 * PAGE)
+    r = attach(rpool, root, tp=4, rank=3, kv_cache_dtype=fp8)
+    o = attach(host_pool("layer_first", dtype=torch.uint8), root,
+               kv_cache_dtype="fp8_e5m2" if fp8 == "fp8_e4m3" else "fp8_e4m3")
+    try:
+        assert r.batch_get_v1(keys, ridx) == [True, True]
+        assert all(torch.equal(a, b) for a, b in zip(pages(rpool, ridx), pages(wpool, idx)))
+        assert o.batch_exists(keys) == 0
+    finally:
+        r.close()
+        o.close()
+
+
 def test_max_bytes_evicts_least_recent_within_the_bound(tmp_path) -> None:
     root = str(tmp_path)
     pool = host_pool("page_first", pages=8)
