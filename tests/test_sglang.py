@@ -16,7 +16,10 @@ import torch
 
 sglang_harness = pytest.importorskip("sglang_harness", reason="SGLang is installed by tools/setup.sh")
 
+from sglang.srt.mem_cache.device_pool_info import MLABufferInfo  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import storage_namespace_seed  # noqa: E402
 from sglang_harness import LAYOUTS, MODEL, PAGE, attach, fill, host_pool, page_keys, pages  # noqa: E402
 from s3_server import s3_bucket, s3_env, s3_server  # noqa: E402,F401
@@ -277,7 +280,36 @@ def test_refusals_by_name(tmp_path) -> None:
     unified = host_pool("page_unified")
     with pytest.raises(SchemaError, match="page_unified"):
         attach(unified, root)
+    # SGLang's storage config says the model is not MLA.
+    with pytest.raises(SchemaError, match="MLA KV only.*is_mla_model=False"):
+        sc = sglang_harness.storage_config(pool, {**sglang_harness.BACKEND, "root": root})
+        sc.is_mla_model = False
+        b = StorageBackendFactory.create_backend("dynamic", sc, pool)
+        b.register_mem_pool_host(pool)
+        b.on_host_pools_registered()
+    # A sidecar host pool (DSA indexer, MTP, Mamba) registered through SGLang's v2 call.
+    b = StorageBackendFactory.create_backend(
+        "dynamic", sglang_harness.storage_config(pool, {**sglang_harness.BACKEND, "root": root}), pool)
+    b.register_mem_pool_host(pool)
+    b.register_mem_host_pool_v2(host_pool("page_first", layers=1), "indexer")
+    with pytest.raises(SchemaError, match="sidecar"):
+        b.on_host_pools_registered()
+    # An MTP draft layer packed into the MLA host pool by SGLang's own constructor (draft_buffer_infos).
+    with pytest.raises(SchemaError, match="MTP draft"):
+        attach(_mla_pool_with_draft(), root)
     assert not _files(root)
+
+
+def _mla_pool_with_draft() -> object:
+    def info(layers: int) -> MLABufferInfo:
+        bufs = tuple(torch.zeros(8 * PAGE, 1, 576, dtype=torch.bfloat16) for _ in range(layers))
+        return MLABufferInfo(buffers=bufs, data_ptrs=torch.tensor([b.data_ptr() for b in bufs]),
+                             layer_indices=tuple(range(layers)), device_layer_num=layers, page_size=PAGE,
+                             kv_lora_rank=512, qk_rope_head_dim=64, kv_cache_dim=576, dtype=torch.bfloat16,
+                             device=torch.device("cpu"))
+    return MLATokenToKVPoolHost(info(4), 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
+                                draft_buffer_infos=(info(1),), device_capacity_tokens=8 * PAGE, start_layer=0,
+                                end_layer=4, target_layer_num=4)
 
 
 def test_token_chain_namespace_differs_and_pins_rope(tmp_path) -> None:

@@ -111,7 +111,8 @@ def page_facts(storage_config: Any, pool: Any, extra: Mapping[str, Any], key_sch
 
     sc = storage_config
     if not getattr(sc, "is_mla_model", False) or not isinstance(pool, MLATokenToKVPoolHost):
-        raise SchemaError("model", f"kvformat stores MLA KV only; SGLang's host pool is {type(pool).__name__}")
+        raise SchemaError("model", "kvformat stores MLA KV only; SGLang's storage config says is_mla_model="
+                          f"{getattr(sc, 'is_mla_model', None)} and its host pool is {type(pool).__name__}")
     if getattr(pool, "dsa_kv_cache_store_fp8", False) or pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim:
         raise SchemaError("model", "DSA (sparse MLA) pages with a packed fp8 latent are not supported yet")
     if pool.layer_num != pool.target_layer_num:
