@@ -296,20 +296,27 @@ def test_refusals_by_name(tmp_path) -> None:
         b.on_host_pools_registered()
     # An MTP draft layer packed into the MLA host pool by SGLang's own constructor (draft_buffer_infos).
     with pytest.raises(SchemaError, match="MTP draft"):
-        attach(_mla_pool_with_draft(), root)
+        attach(_mla_pool(draft=True), root)
+    # DSA's packed fp8 latent (656 bytes a token: fp8 latent, its scales, bf16 rope), as SGLang builds its pool.
+    with pytest.raises(SchemaError, match="DSA"):
+        attach(_mla_pool(dsa=True), root, kv_cache_dtype="fp8_e4m3")
     assert not _files(root)
 
 
-def _mla_pool_with_draft() -> object:
+def _mla_pool(*, draft: bool = False, dsa: bool = False) -> object:
+    """SGLang's MLA host pool with an MTP draft layer packed in, or DSA's packed fp8 rows."""
+    width, dtype = (656, torch.uint8) if dsa else (576, torch.bfloat16)
+
     def info(layers: int) -> MLABufferInfo:
-        bufs = tuple(torch.zeros(8 * PAGE, 1, 576, dtype=torch.bfloat16) for _ in range(layers))
+        bufs = tuple(torch.zeros(8 * PAGE, 1, width, dtype=dtype) for _ in range(layers))
         return MLABufferInfo(buffers=bufs, data_ptrs=torch.tensor([b.data_ptr() for b in bufs]),
                              layer_indices=tuple(range(layers)), device_layer_num=layers, page_size=PAGE,
-                             kv_lora_rank=512, qk_rope_head_dim=64, kv_cache_dim=576, dtype=torch.bfloat16,
-                             device=torch.device("cpu"))
+                             kv_lora_rank=512, qk_rope_head_dim=64, kv_cache_dim=width, dtype=dtype,
+                             device=torch.device("cpu"), packed_fp8=dsa)
     return MLATokenToKVPoolHost(info(4), 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
-                                draft_buffer_infos=(info(1),), device_capacity_tokens=8 * PAGE, start_layer=0,
-                                end_layer=4, target_layer_num=4)
+                                override_kv_cache_dim=width if dsa else None,
+                                draft_buffer_infos=(info(1),) if draft else (), device_capacity_tokens=8 * PAGE,
+                                start_layer=0, end_layer=4, target_layer_num=4)
 
 
 def test_token_chain_namespace_differs_and_pins_rope(tmp_path) -> None:
