@@ -93,8 +93,10 @@ def test_wheel_and_sdist_metadata(tmp_path):
     reqs = meta.get_all("Requires-Dist")
     assert any(re.fullmatch(r'vllm<0\.35,>=0\.33; extra == "vllm"', r) or
                re.fullmatch(r'vllm>=0\.33,<0\.35; extra == "vllm"', r) for r in reqs), reqs
-    assert set(meta.get_all("Provides-Extra")) == {"vllm", "s3", "test", "seal"}
+    assert set(meta.get_all("Provides-Extra")) == {"vllm", "sglang", "s3", "test", "seal"}
     assert any(re.fullmatch(r'cryptography>=50; extra == "seal"', r) for r in reqs), reqs
+    assert any(re.fullmatch(r'sglang<0\.6,>=0\.5\.23; extra == "sglang"', r) or
+               re.fullmatch(r'sglang>=0\.5\.23,<0\.6; extra == "sglang"', r) for r in reqs), reqs
     assert "kvformat/py.typed" in names and "kvformat/vllm/_tier.py" in names
     assert not any(n.startswith(("tests/", "tools/")) for n in names), "test code shipped in the wheel"
     with zipfile.ZipFile(whl) as z:

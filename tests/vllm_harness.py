@@ -264,17 +264,23 @@ class Deployment:
             self.mgr.on_schedule_end(_STEP)
         return r
 
-    def load(self, keys: Iterable[OffloadKey], *, timeout: float = 60.0, raw: bool = False) -> dict[OffloadKey, bytes | None]:
-        """Look each key up until HIT or MISS, promote the hits, read their rows back."""
+    def load(self, keys: Iterable[OffloadKey], *, timeout: float = 60.0, raw: bool = False,
+             req_context: ReqContext | None = None) -> dict[OffloadKey, bytes | None]:
+        """Look each key up until HIT or MISS, promote the hits, read their rows back (``req_context``: in that
+        one request, as the scheduler would, e.g. with its offload-key positions)."""
         keys = list(dict.fromkeys(keys))
         out: dict[OffloadKey, bytes | None] = {}
         batch = max(1, self.num_chunks // 2)
         for i in range(0, len(keys), batch):
-            out.update(self._load_batch(keys[i:i + batch], timeout, raw))
+            part = keys[i:i + batch]
+            # Subclasses override _load_batch(keys, timeout, raw): pass the context only when there is one.
+            out.update(self._load_batch(part, timeout, raw) if req_context is None
+                       else self._load_batch(part, timeout, raw, req_context))
         return out
 
-    def _load_batch(self, keys: list[OffloadKey], timeout: float, raw: bool) -> dict[OffloadKey, bytes | None]:
-        ctx = self._ctx()
+    def _load_batch(self, keys: list[OffloadKey], timeout: float, raw: bool,
+                    req_context: ReqContext | None = None) -> dict[OffloadKey, bytes | None]:
+        ctx = req_context or self._ctx()
         verdict: dict[OffloadKey, bool] = {}
         deadline = time.monotonic() + timeout
         with self.mgr.lock:

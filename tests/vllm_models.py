@@ -267,9 +267,9 @@ class ModelDeployment(Deployment):
         return int(get_offload_group_idx(key))
 
     # -- the GPU copy, as CPUOffloadingWorker's direct layout does it ----------------------------
-    def store(self, items: Mapping[Any, Any], *, timeout: float = 60.0) -> list[Any]:  # type: ignore[override]
+    def store(self, items: Mapping[Any, Any], *, timeout: float = 60.0, **kw: Any) -> list[Any]:  # type: ignore[override]
         self._groups_of = {k: self._key_group(k) for k in items}
-        return super().store({k: (k, s) for k, s in items.items()}, timeout=timeout)
+        return super().store({k: (k, s) for k, s in items.items()}, timeout=timeout, **kw)
 
     def _write_row(self, chunk_id: int, payload: Any) -> None:  # type: ignore[override]
         import torch
@@ -295,10 +295,10 @@ class ModelDeployment(Deployment):
                     data = src[j, :ref.page_size_bytes].view(torch.uint8).numpy()
                     row[off + j * stride:off + j * stride + ref.page_size_bytes] = data
 
-    def load(self, keys: Any, *, timeout: float = 60.0, raw: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+    def load(self, keys: Any, *, timeout: float = 60.0, raw: bool = False, **kw: Any) -> dict[Any, Any]:  # type: ignore[override]
         self._load_groups = {k: self._key_group(k) for k in keys}
         self._loading = list(keys)
-        return super().load(keys, timeout=timeout, raw=raw)
+        return super().load(keys, timeout=timeout, raw=raw, **kw)
 
     def _read_row(self, chunk_id: int, raw: bool) -> Any:  # type: ignore[override]
         import torch

@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 "$PY" -m ruff check kvformat tools/bench_index.py tools/mutate.py \
     tests/conftest.py tests/test_index.py tests/test_shutdown.py tests/test_store_results.py \
-    tests/test_skip_guard.py tests/test_mutants.py tests/test_vectors.py
+    tests/test_skip_guard.py tests/test_mutants.py tests/test_vectors.py tests/test_sglang.py tests/sglang_harness.py
 "$PY" -m mypy --config-file mypy.ini

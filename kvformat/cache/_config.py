@@ -11,6 +11,7 @@ from ..format._keys import looks_like_key
 from ..format._sizes import format_size, parse_limit
 from ..errors import SchemaError, UsageError
 from ..storage._options import check_storage_options
+from ._keyscheme import parse_key_scheme
 
 REPLICA_POLICIES = ("verify", "trust_rank0")
 O_DIRECT_MODES = ("auto", "on", "off")
@@ -72,6 +73,8 @@ class TierConfig:
     start_degraded: bool = False
     shared_allowance: int | None = None
     shared_interval_s: float = 1.0
+    # How files are named across engines (kvformat.cache._keyscheme): "engine" or "token-chain".
+    key_scheme: str = "engine"
 
     @classmethod
     def parse(cls, root: Any, **kw: Any) -> "TierConfig":
@@ -115,6 +118,7 @@ class TierConfig:
             seal=seal,
             seal_key=seal_key,
             seal_read_keys=read_keys,
+            key_scheme=parse_key_scheme(kw.get("key_scheme", "engine")),
         )
 
     def check_bound(self, file_bytes: int) -> str | None:

@@ -56,7 +56,9 @@ class JobBook:
     failed: set[Any] = field(default_factory=set, init=False)
 
     def submit(self, job_id: Any, keys: list[Any], chunk_ids: Iterable[Any], *, load: bool,
-               req_context: Any = None) -> None:
+               req_context: Any = None, targets: list[tuple[RowEngine | None, str | None]] | None = None) -> None:
+        """Queue one job; ``targets`` (one ``(engine, file hash)`` per key) replaces :attr:`target` for it,
+        for adapters whose key -> file mapping depends on the request (the token-chain key scheme)."""
         job = Job(job_id, keys, is_load=load, req_context=req_context)
         if load:
             self._load_keys[job.job_id] = keys
@@ -65,7 +67,9 @@ class JobBook:
                 self._jobs_finished.append(self.make_result(job.job_id, True, transfer_time=0.0, transfer_bytes=0))
             return
         task = self._load_task if load else self._store_task
-        self.pool.submit([task(job, i, k, int(c)) for i, (k, c) in enumerate(zip(keys, chunk_ids))], load=load)
+        where = targets if targets is not None else [self.target(k) for k in keys]
+        self.pool.submit([task(job, i, k, int(c), t) for i, (k, c, t) in enumerate(zip(keys, chunk_ids, where))],
+                         load=load)
 
     def finish(self, job: Job, i: int, result: Any, nbytes: int) -> None:
         with job.lock:
@@ -96,8 +100,9 @@ class JobBook:
             if not job.is_load:
                 self._store_outcomes.append(list(zip(job.keys, job.results)))
 
-    def _store_task(self, job: Job, i: int, key: Any, cid: int) -> TaskPair:
-        eng, h = self.target(key)
+    def _store_task(self, job: Job, i: int, key: Any, cid: int,
+                    target: tuple[RowEngine | None, str | None]) -> TaskPair:
+        eng, h = target
 
         def run() -> None:
             outcome, n = "skipped", 0
@@ -121,8 +126,9 @@ class JobBook:
             self.finish(job, i, CANCELLED, 0)
         return run, fail
 
-    def _load_task(self, job: Job, i: int, key: Any, cid: int) -> TaskPair:
-        eng, h = self.target(key)
+    def _load_task(self, job: Job, i: int, key: Any, cid: int,
+                   target: tuple[RowEngine | None, str | None]) -> TaskPair:
+        eng, h = target
 
         def run() -> None:
             got = None

@@ -67,6 +67,34 @@ class DualPool:
                     if not (self._busy or self._loads or self._stores):
                         self._idle_cv.notify_all()
 
+    def map(self, fns: list[Callable[[], object]], *, load: bool) -> list[object]:
+        """Run every ``fn`` on the pool and wait for all: their results, in order (None for one that never ran
+        because the pool shut down). For adapters whose engine calls block until the I/O is done (SGLang's
+        storage calls); each ``fn`` handles its own errors."""
+        out: list[object] = [None] * len(fns)
+        left = [len(fns)]
+        done = threading.Condition()
+
+        def finish() -> None:
+            with done:
+                left[0] -= 1
+                done.notify_all()
+
+        def pair(i: int, fn: Callable[[], object]) -> TaskPair:
+            def run() -> None:
+                try:
+                    out[i] = fn()
+                finally:
+                    finish()
+            return run, finish
+
+        if fns:
+            self.submit([pair(i, fn) for i, fn in enumerate(fns)], load=load)
+        with done:
+            while left[0]:
+                done.wait()
+        return out
+
     def wait_idle(self) -> None:
         """Block until both queues are empty and no task is running."""
         with self._idle_cv:

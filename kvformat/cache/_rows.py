@@ -59,7 +59,8 @@ class RowEngine:
 
     def __init__(self, store: Store, plan: RowPlan | CanonicalLayout, flat: memoryview, stride: int, copies: int,
                  cfg: TierConfig, provenance: Provenance, index: LRUIndex,
-                 on_removed: Callable[[list[str]], None], share: "RowEngine | None" = None) -> None:
+                 on_removed: Callable[[list[str]], None], share: "RowEngine | None" = None,
+                 interleaved: bool = False) -> None:
         if isinstance(plan, CanonicalLayout):  # a payload that is the whole slot, as stored
             n = plan.payload_bytes
             plan = RowPlan(plan, n, ((0, 0, n, 1, n, n),), "layer_outer", "payload")
@@ -88,8 +89,13 @@ class RowEngine:
         if plan.shards and sorted(w for sh in plan.shards for w in sh.slots) != list(range(copies)):
             # Every worker slot belongs to exactly one shard, else a stage or DCP rank would be missing.
             raise ValueError(f"the plan's shards do not cover the row's {copies} worker slots exactly once")
-        if copies * self.slot > stride:
+        # A row's slots fit its stride; an interleaved buffer (a layer-first host pool: chunk i's page of each
+        # layer lies a whole layer apart, chunk i+1's right after it) has windows that overlap the next chunk's,
+        # each chunk's runs touching only its own pages.
+        if copies * self.slot > stride and not (interleaved and copies == 1):
             raise ValueError(f"{copies} slots of {self.slot} bytes do not fit a primary row of {stride} bytes")
+        # The row bytes one chunk occupies (what a store that finds the file already there saves).
+        self.chunk_row_bytes = self.payload_bytes if interleaved else copies * self.slot
         # The fan-out copies with ctypes.memmove: it releases the GIL (fan-outs of several loads run on
         # several cores) and is the fastest copy measured here (plain memcpy; numpy's copy was slower).
         self._arr: np.ndarray | None = np.frombuffer(flat, dtype=np.uint8) if copies > 1 and len(flat) else None
@@ -252,7 +258,7 @@ class RowEngine:
             self.store_failed("evicting")
             return REFUSED, 0
         if self.index.touch(rel):
-            self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+            self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
             return EXISTS, 0
         digests: list[int] | None = None
         if self.plan.shards:
@@ -285,7 +291,7 @@ class RowEngine:
         size = len(hdr) + len(data)
         for attempt in range(STORE_ATTEMPTS):
             if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
-                self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+                self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
                 return EXISTS, 0
             shared = self.shared
             if shared is not None:
@@ -333,7 +339,7 @@ class RowEngine:
                         self.index.remove(rel)
                         self.store_failed("evicting")
                         return REFUSED, 0
-                    self.counters.add(dedup_saved_bytes=self.copies * self.slot)
+                    self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
                     if shared is not None:
                         shared.used(rel)
                     return EXISTS, 0

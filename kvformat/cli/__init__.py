@@ -228,6 +228,8 @@ def _cmd_compact(a: argparse.Namespace) -> int:
 
     if not os.path.isdir(a.src):
         raise UsageError(f"{a.src}: not a directory")
+    if a.source == "sglang":
+        return _compact_sglang(a)
     check_destination(a.src, a.dst)
     if a.keys and a.seal is None:
         raise UsageError("--key is for --seal: compact writes clear files without it")
@@ -249,6 +251,28 @@ def _cmd_compact(a: argparse.Namespace) -> int:
         for line in summary_lines(rep):
             _out(line)
     return rep.exit_code
+
+
+def _compact_sglang(a: argparse.Namespace) -> int:
+    from ..sglang._filetree import compact_sglang
+
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "n_layers", "page_size", "host_layout")
+               if getattr(a, n) is None]
+    if missing:
+        raise UsageError(f"--from sglang needs {', '.join(missing).replace('--n-layers', '--layers')}")
+    rep = compact_sglang(a.src, a.dst, model=a.model, n_layers=a.n_layers, page_tokens=a.page_size,
+                         host_layout=a.host_layout, kv_dtype=a.kv_dtype, width=a.width, revision=a.revision,
+                         key_scheme=a.key_scheme, rope=a.rope, dry_run=a.dry_run, delete_source=a.delete_source,
+                         fsync=a.fsync)
+    if a.json:
+        _emit(vars(rep))
+    else:
+        _out(f"{rep.seen} SGLang files: {rep.written} pages written, {rep.existed} already there, "
+             f"{sum(rep.skipped.values())} skipped, {rep.deleted} sources deleted -> namespace {rep.namespace}")
+        _out(f"read {rep.bytes_in} bytes, wrote {rep.bytes_out} bytes")
+        for why, n in sorted(rep.skipped.items()):
+            _out(f"skipped {n}: {why}")
+    return 1 if rep.skipped else 0
 
 
 def _cmd_gc(a: argparse.Namespace) -> int:

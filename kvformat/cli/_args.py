@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
              "Idempotent and resumable: a re-run verifies existing outputs (payload included) and rewrites bad ones.",
              "  kvformat compact /vllm-fs-cache /cache -j 2\n  kvformat compact /vllm-fs-cache /cache --dry-run\n"
              "  kvformat compact /vllm-fs-cache /cache --delete-source --mode 0640\n"
-             "  kvformat compact /vllm-fs-cache /cache --seal encrypt --key /etc/kvformat/seal.key")
+             "  kvformat compact /vllm-fs-cache /cache --seal encrypt --key /etc/kvformat/seal.key\n"
+             "  kvformat compact /tmp/hicache /cache --from sglang --model deepseek-ai/DeepSeek-V3 --layers 61 "
+             "--page-size 64 --host-layout page_first")
     s.add_argument("src", metavar="SRC", help="the legacy root (the fs tier's root directory)")
     s.add_argument("dst", metavar="DST", help="the kvformat root to write (a directory or a URL that outlives "
                    "this process; memory:// is refused)")
@@ -149,6 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "payload) or encrypt (payload encrypted too). Needs --codec none")
     _keys(s, "With --seal, the first seals the outputs; all of them open existing outputs on a re-run.")
     s.add_argument("--fsync", action="store_true", help="fsync each output before counting it done")
+    sg = s.add_argument_group("SGLang's file backend (--from sglang: SRC is its file_storage_path; its files do not "
+                             "say their layout, so the deployment's facts are given)")
+    sg.add_argument("--from", dest="source", choices=("vllm", "sglang"), default="vllm",
+                   help="the source tree: vLLM's fs tier (default) or SGLang's HiCacheFile backend")
+    sg.add_argument("--model", default=None, help="the model SGLang served (its served model name)")
+    sg.add_argument("--layers", dest="n_layers", type=int_arg(1, 4096, "a layer count"), default=None, metavar="N",
+                   help="layers in a page (the host pool's layer_num)")
+    sg.add_argument("--page-size", type=int_arg(1, 1 << 20, "a token count"), default=None, metavar="N",
+                   help="tokens per page (SGLang's --page-size)")
+    sg.add_argument("--host-layout", choices=("layer_first", "page_first", "page_first_direct"), default=None,
+                   help="SGLang's --hicache-mem-layout of the writer")
+    sg.add_argument("--kv-dtype", default="bfloat16",
+                   help="bfloat16 (default), float16, float32, fp8_e4m3 or fp8_e5m2")
+    sg.add_argument("--width", type=int_arg(1, 1 << 16, "a latent width"), default=576, metavar="N",
+                   help="latent values per token (kv_lora_rank + qk_rope_head_dim; default 576)")
+    sg.add_argument("--revision", default=None, help="the model revision (part of the identity)")
+    sg.add_argument("--key-scheme", choices=("engine", "token-chain"), default="engine",
+                   help="the namespace to write: SGLang's own (default) or the one shared with vLLM")
+    sg.add_argument("--rope", choices=("interleaved", "neox"), default=None, help="RoPE convention (token-chain)")
     s.add_argument("--mode", type=mode_arg, default=None, metavar="MODE",
                    help="octal mode of the files written (e.g. 0640; directories created get x where r is set). "
                         "Default: 0644 and 0755 filtered by the umask")

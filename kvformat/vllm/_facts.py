@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import re
+
+from ..cache._keyscheme import ROPE_STYLES, chain_layout
 from ..format._spec import CanonicalLayout
 from ..errors import SchemaError
 from ..layout._rules import (
@@ -20,7 +23,7 @@ from ..layout._rules import (
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
-__all__ = ["deployment_facts", "derive_plans", "derive_layout", "vllm_platform"]
+__all__ = ["deployment_facts", "derive_plans", "derive_layout", "token_chain_layout", "vllm_platform"]
 
 
 def _vllm_context(cfg: Any) -> tuple[Any, Any]:
@@ -331,3 +334,55 @@ def derive_layout(spec: "OffloadingSpec", revision: str | None = None) -> tuple[
     """The canonical layout of ``spec``'s first group, the slots per primary row and the row kind."""
     plans, facts = derive_plans(spec, revision)
     return plans[spec.config.groups[0].group_id].layout, facts.copies, facts.row
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_ST_KV = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "fp8_e4m3", "F8_E5M2": "fp8_e5m2"}
+# Architectures whose MLA vLLM 0.33/0.34 always runs with interleaved RoPE (deepseek_v2.py: is_neox_style=False,
+# whatever the config's rope_interleave says).
+_INTERLEAVED_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                      "KimiK2ForCausalLM")
+
+
+def token_chain_layout(spec: "OffloadingSpec", plans: dict[int, RowPlan], facts: DeploymentFacts,
+                       rope: str | None) -> CanonicalLayout:
+    """The token-chain namespace's layout for this deployment (kvformat.cache._keyscheme.chain_layout): what an
+    SGLang deployment of the same model computes. Raises SchemaError when the deployment cannot share it: not one
+    pure-MLA group of the model's decoder layers in order, speculative decoding (draft KV depends on tokens past
+    the chunk), or a RoPE convention neither vLLM's config nor ``rope`` establishes."""
+    cfg = spec.config
+    if len(plans) != 1:
+        raise SchemaError("key_scheme", f"token-chain names one pure-MLA KV-cache group, this deployment has "
+                          f"{len(plans)}")
+    plan = next(iter(plans.values()))
+    if plan.order == "opaque":
+        raise SchemaError("key_scheme", f"token-chain: the chunk's per-layer layout is unknown ({plan.source})")
+    vc, _ = _vllm_context(cfg)
+    if vc is not None and (getattr(vc, "speculative_config", None) is not None
+                           or bool(getattr(vc, "num_hash_lookahead_tokens", 0))):
+        raise SchemaError("key_scheme", "token-chain with speculative decoding: draft KV depends on tokens past the "
+                          "chunk, which its name does not cover")
+    names = [l.name for l in plan.layout.layers]
+    found = [_LAYER_INDEX.search(n) for n in names]
+    if not all(found):
+        raise SchemaError("key_scheme", f"token-chain: layer {names[found.index(None)]!r} names no decoder layer")
+    if rope is None and vc is not None:
+        hf = getattr(getattr(vc, "model_config", None), "hf_config", None)
+        if any(a in _INTERLEAVED_ARCHS for a in (getattr(hf, "architectures", None) or ())):
+            rope = "interleaved"
+    if rope not in ROPE_STYLES:
+        raise SchemaError("rope", "token-chain: vLLM's config does not establish this model's RoPE convention; set "
+                          f"the tier's \"rope\" to one of {', '.join(ROPE_STYLES)} (got {rope!r})")
+    st = {l.dtype for l in plan.layout.layers}
+    kvd = _ST_KV.get(st.pop()) if len(st) == 1 else None
+    if kvd is None:
+        raise SchemaError("key_scheme", "token-chain: the layers do not share one latent dtype")
+    pins = {"rope": str(rope)}
+    if kvd.startswith("fp8"):
+        pins["kv_scale"] = "k_scale"  # vLLM divides the latent by k_scale before the cast (SGLang does not)
+    for k in ("quantization", "hf_overrides_sha256", "hf_overrides_callable"):
+        if k in facts.pins:
+            pins[k] = facts.pins[k]
+    tokens = plan.layout.tokens_per_block * plan.layout.blocks_per_chunk
+    return chain_layout(facts.model, kvd, tokens, [int(m.group(1)) for m in found if m], plan.layout.layers,
+                        facts.revision, pins)

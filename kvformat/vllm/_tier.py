@@ -53,7 +53,9 @@ from vllm.v1.kv_offload.tiering.base import (
 from .._version import __version__
 from ..format._paths import block_path_parts
 from ..format._spec import Provenance
-from ._facts import deployment_facts, derive_layout, derive_plans
+from ..layout._types import RowPlan
+from ._facts import deployment_facts, derive_layout, derive_plans, token_chain_layout
+from ._tokens import TokenNames
 from ..cache._config import TierConfig
 from ..cache._health import unusable_root
 from ..cache._log import CacheLog
@@ -134,7 +136,7 @@ class _Lookups(AsyncLookupManager):
         super().__init__(tier_type=tier_type)
 
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-        return self._tier._probe_many(keys)
+        return self._tier._probe_many(keys, req_context)
 
 
 class KVFormatTier(SecondaryTierManager):
@@ -161,6 +163,11 @@ class KVFormatTier(SecondaryTierManager):
         too). spec/FORMAT.md §12, docs/sealed.md.
     seal_key: the key new files are sealed under: a key file path or ``env:NAME`` (never the key itself).
     seal_read_keys: more key sources accepted for reading only (key rotation).
+    key_scheme: ``"engine"`` (default: vLLM's block hashes) or ``"token-chain"``: chunks of plain-token
+        requests are named by SGLang's page chain over their token ids, in a namespace SGLang's backend with
+        the same scheme shares (docs/sglang.md); other requests keep vLLM's keys.
+    rope: ``"interleaved"`` or ``"neox"``, the model's RoPE convention, for token-chain when vLLM's config does
+        not establish it (it does for DeepSeek-family models, whose MLA vLLM always runs interleaved).
 
     Raises
     ------
@@ -194,8 +201,8 @@ class KVFormatTier(SecondaryTierManager):
                  model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
                  enable_kv_events: bool = False, locality: str | None = None, start_degraded: bool = False,
                  shared_allowance: int | str | None = None, shared_interval_s: float = 1.0, seal: str = "off",
-                 seal_key: str | None = None, seal_read_keys: list[str] | None = None,
-                 backpressure_detector: "BackpressureDetector | None" = None) -> None:
+                 seal_key: str | None = None, seal_read_keys: list[str] | None = None, key_scheme: str = "engine",
+                 rope: str | None = None, backpressure_detector: "BackpressureDetector | None" = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.config = TierConfig.parse(root, read_threads=read_threads, write_threads=write_threads,
                                        compression=compression, compression_level=compression_level, verify=verify,
@@ -204,7 +211,8 @@ class KVFormatTier(SecondaryTierManager):
                                        storage_options=storage_options, enable_kv_events=enable_kv_events,
                                        locality=locality, start_degraded=start_degraded,
                                        shared_allowance=shared_allowance, shared_interval_s=shared_interval_s,
-                                       seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys)
+                                       seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys,
+                                       key_scheme=key_scheme)
         self.tier_label = _tier_label(offloading_spec, tier_type, root)
         self.log = CacheLog(logger, prefix=f"kvformat tier {self.tier_label}")
         self.locality = Locality(locality) if locality is not None else None
@@ -246,14 +254,28 @@ class KVFormatTier(SecondaryTierManager):
             self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
                                         self.config, prov, self.index, self._on_removed, share=shared)
         self.engine = self.engines[first]
+        # The token-chain scheme: plain-token chunks of the (one, pure MLA) group go to a second engine over the
+        # same rows, named by SGLang's page chain in a namespace SGLang's backend computes too.
+        self._names: TokenNames | None = None
+        if self.config.key_scheme == "token-chain":
+            chain = token_chain_layout(offloading_spec, self.plans, self.facts, rope)
+            plan = self.plans[first]
+            self.chain_engine = RowEngine(self.store, RowPlan(chain, plan.slot_bytes, plan.runs, plan.order,
+                                                              plan.source, plan.shards),
+                                          self._flat, self.block_size_bytes, self.copies, self.config, prov, self.index,
+                                          self._on_removed, share=self.engine)
+            self._ns_group[chain.namespace()] = first
+            self._names = TokenNames(first, chain.tokens_per_block, self.engine.warn)
         self.engine.log = self.log
         namespaces = ", ".join(f"group {g} -> {p.layout.namespace()} ({p.describe()})" for g, p in self.plans.items())
-        self.ops = RootOps(self.store, self.config, self.index, list(self.engines.values()), self.log,
+        if self._names is not None:
+            namespaces += f", token-chain -> {self.chain_engine.layout.namespace()}"
+        self.ops = RootOps(self.store, self.config, self.index, self._all_engines(), self.log,
                            describe=f"{self.row_kind} rows ({self.copies} slot(s)), {namespaces}")
         try:
             self.ops.start()  # raises (naming the parameter) rather than start a tier that can never store
         except BaseException:
-            for eng in self.engines.values():
+            for eng in self._all_engines():
                 eng.close()  # no view of vLLM's primary buffer may outlive a tier that failed to start
             try:
                 self._flat.release()
@@ -280,28 +302,36 @@ class KVFormatTier(SecondaryTierManager):
             raise unusable_root(root, not local, "open", e) from e
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _target(self, key: OffloadKey) -> tuple[RowEngine | None, str | None]:
-        """The engine of the key's KV-cache group and its block hash (None, None for a group not stored)."""
+    def _target(self, key: OffloadKey, req_context: ReqContext | None = None) -> tuple[RowEngine | None, str | None]:
+        """The engine of the key's KV-cache group and the file's hash (None, None for a group not stored): vLLM's
+        block hash, or under the token-chain scheme the chunk's page-chain key when its request allows one."""
+        if self._names is not None:
+            named = self._names.resolve(key, req_context)
+            if named is not None:
+                return self.chain_engine, named
         eng = self.engines.get(get_offload_group_idx(key))
         if eng is None:
             return None, None
         return eng, str(get_offload_block_hash(key).hex())
 
-    def _probe_many(self, keys: list[OffloadKey]) -> list[bool]:
+    def _probe_many(self, keys: list[OffloadKey], req_context: ReqContext | None = None) -> list[bool]:
         out = [False] * len(keys)
         if self._stop.is_set():  # shutting down: no more storage round trips
             return out
         by_engine: dict[int, list[tuple[int, str]]] = {}
         for i, k in enumerate(keys):
-            eng, h = self._target(k)
+            eng, h = self._target(k, req_context)
             if eng is not None and h is not None:
                 by_engine.setdefault(id(eng), []).append((i, h))
-        for eng in self.engines.values():
+        for eng in self._all_engines():
             todo = by_engine.get(id(eng))
             if todo:
                 for (i, _), ok in zip(todo, eng.probe_many([h for _, h in todo])):
                     out[i] = ok
         return out
+
+    def _all_engines(self) -> list[RowEngine]:
+        return [*self.engines.values(), *([self.chain_engine] if self._names is not None else [])]
 
     def _on_removed(self, relpaths: list[str]) -> None:
         if self.events is None:
@@ -310,6 +340,11 @@ class KVFormatTier(SecondaryTierManager):
         for rel in relpaths:
             parts = block_path_parts(rel, strict=False)
             group = self._ns_group.get(parts[0]) if parts is not None else None
+            if parts is not None and self._names is not None and parts[0] == self.chain_engine.ns:
+                vkey = self._names.vllm_key(parts[1])  # a page-chain file: announce the vLLM key it served
+                if vkey is not None:
+                    keys.append(vkey)
+                continue
             if parts is not None and group is not None:
                 try:
                     keys.append(make_offload_key(bytes.fromhex(parts[1]), group))
@@ -330,11 +365,9 @@ class KVFormatTier(SecondaryTierManager):
                                                    locality=self.locality, **extra))
 
     # -- SecondaryTierManager ----------------------------------------------------------------------
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        eng, h = self._target(key)
+        eng, h = self._target(key, req_context)
         counters = self.engine.counters
         if eng is None or h is None or key in self._jobs.failed:
             counters.add(lookup_misses=1)
@@ -357,8 +390,11 @@ class KVFormatTier(SecondaryTierManager):
         self._submit(job_metadata, load=True)
 
     def _submit(self, job_metadata: TransferJob, *, load: bool) -> None:
-        self._jobs.submit(job_metadata.job_id, list(job_metadata.keys), job_metadata.chunk_ids, load=load,
-                          req_context=getattr(job_metadata, "req_context", None))
+        keys = list(job_metadata.keys)
+        ctx = getattr(job_metadata, "req_context", None)
+        targets = [self._target(k, ctx) for k in keys] if self._names is not None else None
+        self._jobs.submit(job_metadata.job_id, keys, job_metadata.chunk_ids, load=load, req_context=ctx,
+                          targets=targets)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         return self._jobs.take_finished()
@@ -376,6 +412,11 @@ class KVFormatTier(SecondaryTierManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._refresh_recency(req_context)
         self._lookups.cleanup(req_context.req_id)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        if self._names is not None:
+            self._names.on_new_request(req_context)  # the token ids, while vLLM still holds the request
+        return RequestOffloadingContext()
 
     def _refresh_recency(self, req_context: ReqContext) -> None:
         """Count the chunks a finished request used as recently used, CPU-tier hits included.
@@ -399,7 +440,7 @@ class KVFormatTier(SecondaryTierManager):
         for key, pos in sorted(positions.items(), key=lambda kv: -kv[1]):
             if done is not None and pos > done:
                 continue
-            eng, h = self._target(key)
+            eng, h = self._target(key, req_context)
             if eng is not None and h is not None:
                 self.index.touch(eng.relpath(h))
 
@@ -451,7 +492,7 @@ class KVFormatTier(SecondaryTierManager):
         more; otherwise it is left to the garbage collector (a warning says so), never unmapped under a
         running copy.
         """
-        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self.engines.values(), self._pool, self.ops.scan,
+        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, self._all_engines(), self._pool, self.ops.scan,
                                 self._lookups.shutdown, self._flat):
             self.log.warning("shutdown gave up after %.0f s waiting for storage I/O at %s; the primary buffer is "
                              "left to the garbage collector", self.shutdown_timeout_s, self.store.root)
