@@ -268,3 +268,34 @@ def test_every_benchmark_output_names_its_command_date_and_commit() -> None:
         r = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%cs", commit], capture_output=True,
                            text=True)
         assert r.stdout.strip() <= date, f"{where}: measured {date}, before its commit {commit} ({r.stdout.strip()})"
+
+
+# -- the README's benchmark summary quotes its sources -----------------------------------------------------------
+
+
+def _summary_rows() -> list[tuple[str, str, str]]:
+    text = (REPO / "README.md").read_text()
+    sec = text.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for ln in sec.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if ln.startswith("| `") and len(cells) == 4:
+            rows.append((cells[0], cells[2], cells[3]))
+    return rows
+
+
+def test_the_readme_benchmark_summary_quotes_its_sources() -> None:
+    """Each number of the README's summary appears in the doc its row names, and that doc carries a figure marker
+    (command, date, commit): the summary cannot drift from the tables it summarises (it had, issue 26)."""
+    rows = _summary_rows()
+    assert len(rows) >= 8, rows
+    for cmd, result, source in rows:
+        doc = re.search(r"\b(docs/\w+\.md)\b", source)
+        assert doc and (REPO / doc.group(1)).is_file(), f"README benchmark row {cmd}: no source doc in {source!r}"
+        text = (REPO / doc.group(1)).read_text()
+        numbers = re.findall(r"\d+(?:\.\d+)?", re.sub(r"`[^`]*`", "", result))
+        if numbers and "not run" not in result:
+            assert "<!-- figure: measured" in text, f"{doc.group(1)} has no figure marker for {cmd}"
+        for n in numbers:
+            assert re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text), \
+                f"README benchmark row {cmd}: {n} does not appear in {doc.group(1)}"
