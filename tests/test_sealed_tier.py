@@ -16,7 +16,7 @@ pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM is installed
 
 import safetensors  # noqa: E402
 import xxhash  # noqa: E402
-from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # noqa: E402
+from vllm_harness import Deployment, kvf, kvf_files, make_keys, make_payload, payloads  # noqa: E402
 
 import kvformat as K  # noqa: E402
 from kvformat.cache._config import TierConfig  # noqa: E402
@@ -33,18 +33,6 @@ def new_key(tmp_path: Path, name: str) -> tuple[str, bytes]:
     p.write_text(secret.hex() + "\n")
     p.chmod(0o600)
     return str(p), secret
-
-
-def kvf(root: Path, **kw) -> dict:
-    return kvformat_tier(str(root), read_threads=2, write_threads=2, **kw)
-
-
-def kvf_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.kvf") if ".quarantine" not in p.parts)
-
-
-def payloads(dep: Deployment, keys) -> dict:
-    return {k: make_payload(k.hex(), dep.slot_bytes) for k in keys}
 
 
 def rel_of(dep: Deployment, key) -> str:

@@ -35,6 +35,7 @@ from kvformat.storage import open_store
 from kvformat.storage._local import LocalStore
 from faulty_fs import FaultyFS
 from s3_server import S3Server, s3_bucket, s3_env, s3_server  # noqa: F401
+from test_index import assert_exact  # the index checks the side paths share with the index tests
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LAYOUT = K.CanonicalLayout.uniform("test/side", "bfloat16", ["l0", "l1"], 16, 64)  # 4,096-byte payloads
@@ -120,22 +121,9 @@ def plant_bad_header(root: Path | str, rel: str, seed: int = 99) -> None:
     open(path, "wb").write(bytes(raw))
 
 
-def on_disk(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.kvf") if ".quarantine" not in p.parts}
-
-
 def quarantined(root: Path) -> list[str]:
     q = root / ".quarantine"
     return sorted(str(p.relative_to(q)) for p in q.rglob("*") if p.is_file()) if q.exists() else []
-
-
-def assert_exact(eng: RowEngine, root: Path) -> None:
-    """The index holds exactly the files under the root, with their sizes, and nothing is doomed."""
-    files = on_disk(root)
-    assert sorted(eng.index.lru_order()) == sorted(files)
-    assert {r: eng.index.size_of(r) for r in files} == files
-    assert eng.index.used == sum(files.values())
-    assert eng.index.doomed() == 0 and eng.index.reserved == 0
 
 
 def holds(path: Path | str, data: bytes) -> bool:

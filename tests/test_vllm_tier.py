@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM 0.33 is installed by .ci/run")
 
 from vllm_harness import (  # noqa: E402  (after the importorskip on purpose)
-    PAD_BYTE, Deployment, fs_tier, kvformat_tier, make_key, make_keys, make_payload,
+    PAD_BYTE, Deployment, fs_tier, kvf, kvf_files, kvformat_tier, make_keys, make_payload, payloads,
 )
 
 import kvformat as K  # noqa: E402
@@ -22,18 +22,6 @@ from kvformat.vllm import METRIC_PREFIX, KVFormatTier  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
 
 N_LAYERS = 3  # 3 x 18,432-byte pages = 55,296-byte slot: not a multiple of 4096, so every row is padded
-
-
-def kvf(root: Path, **kw) -> dict:
-    return kvformat_tier(str(root), read_threads=2, write_threads=2, **kw)
-
-
-def kvf_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.kvf") if ".quarantine" not in p.parts)
-
-
-def payloads(dep: Deployment, keys) -> dict:
-    return {k: make_payload(k.hex(), dep.slot_bytes) for k in keys}
 
 
 def roundtrip(dep: Deployment, items: dict) -> dict:

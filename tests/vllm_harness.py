@@ -354,3 +354,21 @@ class Deployment:
             self.close()
         except Exception:
             pass
+
+
+def kvf(root: Any, **kw: Any) -> dict[str, Any]:
+    """A kvformat tier config at ``root`` with 2 + 2 I/O threads (the tests' default)."""
+    return kvformat_tier(str(root), read_threads=2, write_threads=2, **kw)
+
+
+def kvf_files(root: Any) -> list[Any]:
+    """The block files under a root, quarantined ones left out."""
+    from pathlib import Path
+
+    return sorted(p for p in Path(root).rglob("*.kvf") if ".quarantine" not in p.parts)
+
+
+def payloads(dep: "Deployment", keys: Any) -> dict[Any, bytes]:
+    """One seeded payload per key, of the deployment's slot size."""
+    return {k: make_payload(k.hex(), dep.slot_bytes) for k in keys}
+
