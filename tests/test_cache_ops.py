@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tmpfs_mount import tmpfs
 
 from kvformat.cache._health import DEGRADED, LOST, OK, RootHealth
 from kvformat.cache._log import CacheLog
@@ -79,11 +80,7 @@ def test_probe_and_health_of_a_local_root(tmp_path: Path) -> None:
     st = LocalStore(str(tmp_path / "root"))
     assert probe_store(st) is None and not list((tmp_path / "root" / ".kvformat" / "probe").iterdir())
     mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()[:200]})")
-    try:
+    with tmpfs(mnt, "size=4m"):
         log = CacheLog(logging.getLogger("kvformat.test_ops"))
         h = RootHealth(LocalStore(str(mnt)), str(mnt), log)
         h.startup([LAYOUT])
@@ -104,5 +101,3 @@ def test_probe_and_health_of_a_local_root(tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
         assert not h.check() and h.state == LOST and "another directory now" in h.reason
         assert os.listdir(mnt) == []
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)

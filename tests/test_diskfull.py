@@ -19,6 +19,7 @@ import sys
 import uuid
 
 import pytest
+from tmpfs_mount import tmpfs
 
 import kvformat as K
 from kvformat.admin._gc import run_gc
@@ -117,16 +118,8 @@ def test_sigxfsz_kills_writer_midway_leftover_is_only_a_temp_file(tmp_path):
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 3 MiB tmpfs mounted for the test (root only)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0755", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()[:200]}); the RLIMIT_FSIZE tests still run")
-    try:
-        yield str(mnt)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "mnt", "size=3m,mode=0755", "; the RLIMIT_FSIZE tests still run") as root:
+        yield root
 
 
 def test_enospc_on_a_full_tmpfs(small_tmpfs):

@@ -16,14 +16,13 @@ import sys
 import time
 import types
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM is installed by tools/setup.sh")
 
+from tmpfs_mount import tmpfs  # noqa: E402
 from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # noqa: E402
 
 from kvformat.errors import RootUnusableError, SchemaError  # noqa: E402
@@ -45,20 +44,6 @@ def items_for(dep: Deployment, n: int, salt: str) -> dict:
 
 def kvf_files(root: object) -> list[Path]:
     return [p for p in Path(str(root)).rglob("*.kvf") if ".quarantine" not in p.parts]
-
-
-@contextmanager
-def tmpfs(path: Path, opts: str = "size=16m") -> Iterator[str]:
-    """A tmpfs mounted at ``path`` for the test (root only); skips, saying why, where mounting is impossible."""
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{opts},mode=0755", "tmpfs", str(path)], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()[:200]})")
-    try:
-        yield str(path)
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
 
 
 def wait_for(cond, timeout: float = 20.0) -> bool:
@@ -84,7 +69,7 @@ def test_root_that_is_a_regular_file_is_named(tmp_path: Path) -> None:
 
 
 def test_read_only_root_fails_startup_then_degraded_start_recovers(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "ro", "size=16m,ro") as root:
+    with tmpfs(tmp_path / "ro", "size=16m,ro,mode=0755") as root:
         with pytest.raises(RootUnusableError, match="read-only filesystem") as e:
             Deployment([kvf(root)], n_layers=N_LAYERS)
         assert e.value.field == "root" and e.value.step == "write" and "EROFS" not in str(e.value.field)
@@ -109,7 +94,7 @@ def test_read_only_root_fails_startup_then_degraded_start_recovers(tmp_path: Pat
 
 def test_vanished_mount_stops_writes_and_never_writes_underneath(tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
-    with tmpfs(mnt) as root:
+    with tmpfs(mnt, "size=16m,mode=0755") as root:
         with Deployment([kvf(root)], n_layers=N_LAYERS) as dep:
             tier = dep.tier()
             first = items_for(dep, 2, "mounted")
@@ -165,7 +150,7 @@ def test_small_max_bytes_is_warned_with_the_chunk_size(tmp_path: Path, caplog: p
 def test_full_disk_store_failures_by_reason_and_a_warning_that_repeats(tmp_path: Path,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("WARNING", logger="vllm.kvformat")
-    with tmpfs(tmp_path / "small", f"size={6 * FILE + 64 * 1024}") as root:
+    with tmpfs(tmp_path / "small", f"size={6 * FILE + 64 * 1024},mode=0755") as root:
         with Deployment([kvf(root)], n_layers=N_LAYERS, num_chunks=32) as dep:
             tier = dep.tier()
             tier.log.interval_s = 0.5  # the default is a minute: a repeat must come within the test

@@ -7,6 +7,7 @@ file backend (``HiCacheFile``) writes for a page.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import storage_namespace_seed  # noqa: E402
 from sglang_harness import LAYOUTS, MODEL, PAGE, attach, fill, host_pool, page_keys, pages  # noqa: E402
 from s3_server import s3_bucket, s3_env, s3_server  # noqa: E402,F401
+from tmpfs_mount import tmpfs  # noqa: E402
 
 import kvformat as K  # noqa: E402
 from kvformat.cache._keyscheme import page_chain  # noqa: E402
@@ -498,19 +500,14 @@ def test_sealed_pages_round_trip_and_stay_apart_from_clear_ones(tmp_path) -> Non
 def test_writer_rank_refuses_a_read_only_root_naming_it(tmp_path) -> None:
     """The storage writer rank proves its root usable at start-up, as the vLLM tier does (the same RootOps): a
     read-only root fails SGLang's attach with an error naming ``root``, not a cache that never stores."""
+    ro = tmp_path / "ro"
     if os.geteuid() == 0:
-        ro = tmp_path / "ro"
-        ro.mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode != 0:
-            pytest.skip("cannot mount a read-only tmpfs here (root, but no mount permission)")
+        mounted = tmpfs(ro, "ro,size=1m")
     else:
-        ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
-    try:
+        mounted = contextlib.nullcontext(str(ro))
+    with mounted:
         with pytest.raises(K.errors.RootUnusableError) as e:
             attach(host_pool("layer_first"), str(ro))
         assert e.value.field == "root" and str(ro) in str(e.value)
-    finally:
-        if os.geteuid() == 0:
-            subprocess.run(["umount", "-l", str(ro)])

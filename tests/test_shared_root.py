@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,20 +15,13 @@ import pytest
 
 from kvformat.cache._shared import STATE_FILE
 from shared_root import FILE, MAX, Sampler, check, finish, start
+from tmpfs_mount import tmpfs
 
 
 @pytest.fixture
 def tmpfs_root(tmp_path: Path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()[:200]}): the exact usage sampling needs one")
-    try:
-        yield str(mnt)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "mnt", "size=64m,mode=0755", ": the exact usage sampling needs one") as root:
+        yield root
 
 
 def test_three_engines_one_bound_local_root_evictor_killed(tmpfs_root: str, tmp_path: Path) -> None:
