@@ -62,8 +62,6 @@ class _NoIdentity(Exception):
 def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey | None, verify: bool,
                 o_direct: bool, keys: Keyring | None, templates: HeaderTemplates | None, *,
                 whole_ok: bool) -> BlockHeader:
-    from . import _io  # the general read, for files the guess does not fit
-
     dst = as_bytes_view(out, writable=True)
     raw = expect.payload_bytes if expect is not None else len(dst)
     direct = o_direct and _O_DIRECT and raw % ALIGNMENT == 0 and raw <= len(dst) and _addr(dst) % ALIGNMENT == 0
@@ -95,7 +93,7 @@ def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey 
             guess = size - raw
             if raw > len(dst) or guess < ALIGNMENT or guess % ALIGNMENT or guess > MAX_HEADER_BYTES + ALIGNMENT:
                 touched = False
-                return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
+                return _general_read(p, out, expect, key, verify, o_direct, keys)
             head = _head_buffer(guess) if direct else bytearray(guess)
             body = dst[:raw]
             try:
@@ -120,7 +118,7 @@ def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey 
         if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
-            return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
+            return _general_read(p, out, expect, key, verify, o_direct, keys)
         if dgot != hdr.data_bytes:  # the file shrank under us
             raise TruncatedError("data", hdr.data_bytes, dgot)
         if verify:
@@ -147,6 +145,15 @@ def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey 
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _general_read(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey | None, verify: bool,
+                  o_direct: bool, keys: Keyring | None) -> BlockHeader:
+    """:func:`read_into`, for the files the guess does not fit (compressed, other layouts): imported here, off the
+    fused path (``_io`` imports this module)."""
+    from . import _io
+
+    return _io.read_into(p, out, expect=expect, key=key, verify=verify, o_direct=o_direct, keys=keys)
 
 
 def _read_whole(p: str, body: memoryview, verify: bool) -> tuple[int, memoryview, int, int, int | None] | None:

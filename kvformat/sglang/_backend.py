@@ -160,7 +160,7 @@ class KVFormatHiCache(HiCacheStorage):
                 except BaseException:
                     eng.close()
                     raise
-                self._stop, self._scan = self.ops.stop, self.ops.scan
+                self._stop = self.ops.stop
             else:
                 self._scan = threading.Thread(target=_nothing, args=(self._stop,), name="kvformat_hicache_scan",
                                               daemon=True)
@@ -287,7 +287,7 @@ class KVFormatHiCache(HiCacheStorage):
     def wait_scanned(self, timeout: float | None = None) -> bool:
         """Block until the writer's start-up scan of the root has finished (tests, tools)."""
         self._attach()
-        scan = self.ops.scan if self.ops is not None else self._scan  # RootOps restarts it after a degraded start
+        scan = self._scan_thread()
         scan.join(timeout)
         return not scan.is_alive()
 
@@ -303,12 +303,16 @@ class KVFormatHiCache(HiCacheStorage):
             self.index.remove(e.relpath)
         logger.info("KVFormatHiCache: cleared %d files of namespace %s", len(gone), self.layout.namespace())
 
+    def _scan_thread(self) -> threading.Thread:
+        """The writer's start-up scan (RootOps starts it again after a degraded start), or a reader's no-op."""
+        return self.ops.scan if self.ops is not None else self._scan
+
     def close(self) -> None:
         """Stop within ``shutdown_timeout_s``: queued reads and writes fail, running ones finish."""
         if self.engine is None:
             self.store.close()
             return
-        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, [self.engine], self._io, self._scan,
+        if not shutdown_bounded(self.shutdown_timeout_s, self._stop, [self.engine], self._io, self._scan_thread(),
                                 _nothing, self._flat):
             logger.warning("KVFormatHiCache: close gave up after %.0f s waiting for storage I/O at %s",
                            self.shutdown_timeout_s, root_repr(self.store))
