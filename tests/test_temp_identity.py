@@ -119,5 +119,23 @@ def test_sweep_removes_only_provably_dead_temps(tmp_path: Path) -> None:
 def test_temp_names_are_unique_and_carry_the_identity() -> None:
     names = {temp_name() for _ in range(2000)}
     assert len(names) == 2000
-    pid, rand, tag = next(iter(names))[len(TMP_PREFIX):].split("-")
-    assert int(pid) == os.getpid() and len(rand) == 8 and tag == host_tag() and len(tag) == 12
+    parts = [n[len(TMP_PREFIX):].split("-") for n in names]
+    assert {(int(pid), tag) for pid, _, tag in parts} == {(os.getpid(), host_tag())} and len(host_tag()) == 12
+    # <unique>: this process's 8-hex salt, then a hex counter
+    assert len({u[:8] for _, u, _ in parts}) == 1 and all(len(u) > 8 and int(u, 16) >= 0 for _, u, _ in parts)
+
+
+def test_a_forked_writer_draws_its_own_salt() -> None:
+    mine = temp_name()[len(TMP_PREFIX):].split("-")[1][:8]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: same counter state, new pid, and it must not reuse the parent's salt
+        os.close(r)
+        os.write(w, temp_name().encode())
+        os._exit(0)
+    os.close(w)
+    child = os.read(r, 200).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    cpid, unique, _ = child[len(TMP_PREFIX):].split("-")
+    assert int(cpid) == pid and unique[:8] != mine

@@ -99,6 +99,7 @@ def instrument() -> None:
                        ("makedirs", "makedirs"), ("preadv", "payload read (preadv)")):
         patch(os, name, step)
     patch(os.path, "exists", "exists check")
+    patch(os.path, "isdir", "parent directory check")
     # kvformat
     patch(_native, "pread_hash", "payload read + xxh3 (native, GIL free)")
     patch(_native, "pwrite_hash", "payload write + xxh3 (native, GIL free)")
@@ -123,6 +124,10 @@ def instrument() -> None:
         pass
     patch(_rows.RowEngine, "load_chunk", "chunk glue (load_chunk)")
     patch(_rows.RowEngine, "store_chunk", "chunk glue (store_chunk)")
+    patch(_rows.RowEngine, "_usable", "root health check")
+    patch(_rows.RowEngine, "relpath", "key -> path")
+    patch(_rows.RowEngine, "delete_victims", "eviction (LRU victims)")
+    patch(_rows, "BlockKey", "block key (checked)")
     for m in ("pin", "unpin", "touch", "add_found", "reserve", "add", "release", "victims", "remove"):
         patch(_lru.LRUIndex, m, "index (LRU, pins)")
     patch(Counters, "add", "counters")

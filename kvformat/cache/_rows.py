@@ -304,9 +304,11 @@ class RowEngine:
             victims = self.index.reserve(size, rel)
             try:
                 self.delete_victims(victims)
-                self._make_parent(rel)
-                wrote = (self._put_fused(rel, hdr, data) if fuse
-                         else self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync))
+                if fuse:  # the parent is made only when the write finds it missing: no stat per store
+                    wrote = self._put_fused(rel, hdr, data)
+                else:
+                    self._make_parent(rel)
+                    wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
             except BaseException:
                 self.index.release(size, rel)
                 if shared is not None:
@@ -443,8 +445,10 @@ class RowEngine:
 
     def _put_fused(self, rel: str, hdr: bytes, data: Any) -> bool:
         """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches."""
+        watched = self.health is not None and isinstance(self.store, LocalStore)
         wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
-                                     overwrite=False, o_direct=self._o_direct)
+                                     overwrite=False, o_direct=self._o_direct,
+                                     make_parent=(lambda: self.store.make_parent(rel)) if watched else None)  # type: ignore[attr-defined]
         return wrote
 
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:

@@ -10,7 +10,7 @@ import errno
 import os
 import stat
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ._block import as_bytes_view, check_expected, invalidate, unseal_into
 from ._header import _hxxh3_pos, decode_header
@@ -228,14 +228,17 @@ def _open_new(tmp: str, flags: int, direct: bool) -> int:
 
 
 def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = False,
-                      overwrite: bool = True, o_direct: bool = False) -> tuple[bool, str]:
+                      overwrite: bool = True, o_direct: bool = False,
+                      make_parent: Callable[[], None] | None = None) -> tuple[bool, str]:
     """Write one uncompressed kvformat file atomically, hashing the payload in the same pass.
 
     ``header`` is the header region as :func:`encode_block` makes it with ``payload_xxh3=0``: its
     ``kvf.dxxh3`` digits are patched with the payload's xxh3 (and ``kvf.hxxh3`` recomputed) in the
     write itself, so the payload is read once. Publishing is :func:`write_atomic`'s (temp file, then
     rename or, with ``overwrite=False``, link: first writer wins); the parent directory is created only
-    when the temp file cannot be (it exists on every write but the first of a directory).
+    when the temp file cannot be (it exists on every write but the first of a directory), by
+    ``make_parent`` where given (a tier that must not re-create its root under a lost mount), else
+    ``os.makedirs``.
 
     ``o_direct``: write through an O_DIRECT descriptor (the page cache is bypassed, as the built-in
     vLLM tier does) when the payload is page-aligned and a whole number of pages; buffered otherwise or
@@ -254,7 +257,10 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
     try:
         fd = _open_new(tmp, flags, direct)
     except FileNotFoundError:
-        os.makedirs(d, exist_ok=True)
+        if make_parent is not None:
+            make_parent()
+        else:
+            os.makedirs(d, exist_ok=True)
         fd = _open_new(tmp, flags, direct)
     with TempFile(tmp, fd) as t:
         try:

@@ -4,6 +4,7 @@ link. Shared by every local writer (:func:`write_atomic`, the fused tier write, 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import secrets
 import socket
@@ -96,10 +97,21 @@ def host_tag() -> str:
     return _HOST_TAG
 
 
+_SALT = [0, ""]  # [pid, random hex] of the process that drew it: a forked child draws its own
+_COUNT = itertools.count()
+
+
 def temp_name() -> str:
-    """``.kvf-tmp-<pid>-<random>-<host tag>``: unique across hosts, boots and PID namespaces (the tag is the
-    boot id and PID namespace, hashed), and enough to tell later whether its writer is gone."""
-    return f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{host_tag()}"
+    """``.kvf-tmp-<pid>-<unique>-<host tag>``: unique across hosts, boots and PID namespaces (the tag is the
+    boot id and PID namespace, hashed), and enough to tell later whether its writer is gone.
+
+    ``<unique>`` is a random salt drawn once per process and a counter: a ``getrandom`` call per file was a
+    system call (and a GIL hand-off) on every store. The files are created with O_EXCL, so even a salt
+    shared with a dead writer of the same pid could only fail a store, never clobber a file."""
+    pid = os.getpid()
+    if _SALT[0] != pid:
+        _SALT[:] = [pid, secrets.token_hex(4)]
+    return f"{TMP_PREFIX}{pid}-{_SALT[1]}{next(_COUNT):x}-{host_tag()}"
 
 
 def temp_writer_gone(name: str) -> bool:
