@@ -222,63 +222,94 @@ static void put_hex(char *out, uint64_t v) {
     for (int i = 15; i >= 0; i--) { out[i] = digits[v & 15]; v >>= 4; }
 }
 
+#define KVF_DIFFER (-1)
+
+/* The body of pwrite_hash, GIL not held: the payload at offset + hlen piece by piece, each piece hashed just
+ * before its write, then hdr (the caller's copy, patched here with both checksums) at offset. With count > 0
+ * each piece is first compared, while it is in cache, with the same bytes of count other copies (others,
+ * stride apart). Returns 0, an errno, or KVF_DIFFER (the header not written) at the first piece that differs. */
+static int pwrite_hash_core(int fd, char *hdr, size_t hlen, const char *payload, size_t len, size_t dpos,
+                            size_t hpos, off_t offset, size_t piece, const char *others, size_t stride,
+                            size_t count, uint64_t *dh_out, uint64_t *hh_out) {
+    kvf_xxh3_state st;
+    kvf_xxh3_init(&st, payload, len);
+    size_t done = 0;
+    while (done < len) {
+        size_t n = len - done < piece ? len - done : piece;
+        for (size_t r = 0; r < count; r++)
+            if (memcmp(others + r * stride + done, payload + done, n)) return KVF_DIFFER;
+        kvf_xxh3_update(&st, done + n);
+        struct iovec one = {(char *)payload + done, n};
+        ssize_t w = write_full(fd, &one, 1, offset + (off_t)hlen + (off_t)done);
+        if (w < 0) return (int)-w;
+        done += n;
+    }
+    uint64_t dh = kvf_xxh3_digest(&st);
+    put_hex(hdr + dpos, dh);
+    memset(hdr + hpos, '0', 16);
+    uint64_t hh = kvf_xxh3_64(hdr, hlen);
+    put_hex(hdr + hpos, hh);
+    struct iovec one = {hdr, hlen};
+    ssize_t w = write_full(fd, &one, 1, offset);
+    if (w < 0) return (int)-w;
+    *dh_out = dh;
+    *hh_out = hh;
+    return 0;
+}
+
 PyDoc_STRVAR(pwrite_hash_doc,
-"pwrite_hash(fd, header, payload, dxxh3_pos, hxxh3_pos, offset=0, piece=262144) -> (dxxh3, hxxh3)\n\n"
+"pwrite_hash(fd, header, payload, dxxh3_pos, hxxh3_pos, offset=0, piece=262144, others=None, count=0, stride=0)\n"
+"    -> (dxxh3, hxxh3) or None\n\n"
 "Write one kvformat file (header region then payload) at offset. The payload goes out piece by piece, each\n"
 "hashed just before its write; then the payload's xxh3 is put as 16 hex digits at header[dxxh3_pos:], the\n"
 "header checksum (with its own 16 digits as '0') at header[hxxh3_pos:], and the header is written. header is\n"
-"not modified (a copy is patched). Returns both checksums as ints.");
+"not modified (a copy is patched). Returns both checksums as ints. With count > 0, others holds count more\n"
+"copies of the payload, the r-th at others[r * stride:]: each piece is compared with them before it is written,\n"
+"and None is returned (the header not written) at the first piece that differs.");
 
 static PyObject *py_pwrite_hash(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fd", "header", "payload", "dxxh3_pos", "hxxh3_pos", "offset", "piece", NULL};
+    static char *names[] = {"fd", "header", "payload", "dxxh3_pos", "hxxh3_pos", "offset", "piece", "others",
+                            "count", "stride", NULL};
     int fd;
-    Py_buffer hb, pb;
-    Py_ssize_t dpos, hpos, piece = DEFAULT_PIECE;
+    Py_buffer hb, pb, ob = {0};
+    Py_ssize_t dpos, hpos, piece = DEFAULT_PIECE, count = 0, stride = 0;
     long long offset = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iy*y*nn|Ln", names, &fd, &hb, &pb, &dpos, &hpos, &offset, &piece))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iy*y*nn|Lnz*nn", names, &fd, &hb, &pb, &dpos, &hpos, &offset,
+                                     &piece, &ob, &count, &stride))
         return NULL;
+    const char *why = NULL;
     /* Written as subtractions from the length: dpos + 16 wraps for dpos near PY_SSIZE_T_MAX and would pass. The
      * overlap test adds 16 only to positions already known to be at most hb.len - 16. */
     if (hb.len < 16 || dpos < 0 || hpos < 0 || dpos > hb.len - 16 || hpos > hb.len - 16 ||
-        (dpos < hpos + 16 && hpos < dpos + 16)) {
-        PyBuffer_Release(&hb); PyBuffer_Release(&pb);
-        PyErr_SetString(PyExc_ValueError, "checksum positions outside the header or overlapping");
+        (dpos < hpos + 16 && hpos < dpos + 16))
+        why = "checksum positions outside the header or overlapping";
+    /* count copies of len(payload) bytes, stride apart, inside others: by division, no product to overflow */
+    else if (count < 0 || (count > 0 && (!ob.buf || stride < pb.len || stride <= 0 || ob.len < pb.len ||
+                                         (ob.len - pb.len) / stride < count - 1)))
+        why = "others does not hold count copies of the payload, stride apart";
+    char *hdr = NULL;
+    /* page-aligned: the fd may be O_DIRECT (the payload then is the caller's aligned row) */
+    if (!why && posix_memalign((void **)&hdr, 4096, (size_t)hb.len)) hdr = NULL;
+    if (why || !hdr) {
+        PyBuffer_Release(&hb); PyBuffer_Release(&pb); PyBuffer_Release(&ob);
+        if (why) PyErr_SetString(PyExc_ValueError, why);
+        else PyErr_NoMemory();
         return NULL;
     }
     if (piece < 4096) piece = 4096;
-    /* page-aligned: the fd may be O_DIRECT (the payload then is the caller's aligned row) */
-    char *hdr = NULL;
-    if (posix_memalign((void **)&hdr, 4096, (size_t)hb.len ? (size_t)hb.len : 1)) hdr = NULL;
-    if (!hdr) { PyBuffer_Release(&hb); PyBuffer_Release(&pb); return PyErr_NoMemory(); }
-    int err = 0;
+    int err;
     uint64_t dh = 0, hh = 0;
     Py_BEGIN_ALLOW_THREADS
     memcpy(hdr, hb.buf, (size_t)hb.len);
-    kvf_xxh3_state st;
-    kvf_xxh3_init(&st, pb.buf, (size_t)pb.len);
-    size_t done = 0, len = (size_t)pb.len;
-    while (done < len) {
-        size_t n = len - done < (size_t)piece ? len - done : (size_t)piece;
-        kvf_xxh3_update(&st, done + n);
-        struct iovec one = {(char *)pb.buf + done, n};
-        ssize_t r = write_full(fd, &one, 1, (off_t)(offset + hb.len + (long long)done));
-        if (r < 0) { err = (int)-r; break; }
-        done += n;
-    }
-    if (!err) {
-        dh = kvf_xxh3_digest(&st);
-        put_hex(hdr + dpos, dh);
-        memset(hdr + hpos, '0', 16);
-        hh = kvf_xxh3_64(hdr, (size_t)hb.len);
-        put_hex(hdr + hpos, hh);
-        struct iovec one = {hdr, (size_t)hb.len};
-        ssize_t r = write_full(fd, &one, 1, (off_t)offset);
-        if (r < 0) err = (int)-r;
-    }
+    err = pwrite_hash_core(fd, hdr, (size_t)hb.len, (const char *)pb.buf, (size_t)pb.len, (size_t)dpos,
+                           (size_t)hpos, (off_t)offset, (size_t)piece, (const char *)ob.buf, (size_t)stride,
+                           (size_t)count, &dh, &hh);
     Py_END_ALLOW_THREADS
     free(hdr);
     PyBuffer_Release(&hb);
     PyBuffer_Release(&pb);
+    PyBuffer_Release(&ob);
+    if (err == KVF_DIFFER) Py_RETURN_NONE;
     if (err) return os_error(err);
     return Py_BuildValue("KK", (unsigned long long)dh, (unsigned long long)hh);
 }

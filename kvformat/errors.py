@@ -170,7 +170,8 @@ class ReplicaMismatchError(KVFormatError, ValueError):
 
     def __init__(self, digests: list[str], *, path: str | None = None) -> None:
         self.digests = digests
-        super().__init__(f"worker replicas differ (xxh3 per slot: {', '.join(digests)})", path=path)
+        per_slot = f" (xxh3 per slot: {', '.join(digests)})" if digests else ""
+        super().__init__(f"worker replicas differ{per_slot}", path=path)
 
 
 class LegacyLayoutError(KVFormatError, ValueError):

@@ -298,3 +298,39 @@ def test_native_bounds_checks_do_not_overflow(impl: str) -> None:
     got = json.loads(r.stdout)
     assert got[:len(OVERFLOWING_RUNS)] == ["a copy run lies outside its buffer"] * len(OVERFLOWING_RUNS)
     assert got[len(OVERFLOWING_RUNS):] == ["checksum positions outside the header or overlapping"] * len(positions)
+
+
+@pytest.mark.parametrize("name,pread_hash,pwrite_hash", _impls(), ids=[i[0] for i in _impls()])
+def test_fused_write_compares_the_other_copies(name: str, pread_hash, pwrite_hash, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The per-worker store's replica check inside the write: every copy equal -> the file and digests of a plain
+    fused write; one byte off anywhere in any copy (first piece, a later piece, the very last byte) -> None and
+    no header written."""
+    header = bytearray(b"H" * 4096)
+    header[40:56] = b"X" * 16
+    header[100:116] = b"Y" * 16
+    size, stride, count = 300_000, 300_000 + 4096, 3  # 300 KB: two 256 KiB pieces; gaps between the copies
+    payload = os.urandom(size)
+    row = bytearray(os.urandom(stride * count))  # the gaps hold noise that must not be compared
+    for r in range(count):
+        row[r * stride:r * stride + size] = payload
+    fd = os.open(tmp_path / "same", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        got = pwrite_hash(fd, bytes(header), payload, 40, 100, others=row, count=count, stride=stride)
+        assert got is not None and got[0] == xxhash.xxh3_64_intdigest(payload)
+        assert (tmp_path / "same").read_bytes()[4096:] == payload
+    finally:
+        os.close(fd)
+    for r, at in ((0, 0), (1, 270_000), (count - 1, size - 1)):
+        bad = bytearray(row)
+        bad[r * stride + at] ^= 1
+        p = tmp_path / f"bad{r}"
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            assert pwrite_hash(fd, bytes(header), payload, 40, 100, others=bad, count=count, stride=stride) is None
+            assert p.read_bytes()[:4] != bytes(header[:4])  # the header never went out
+        finally:
+            os.close(fd)
+    for kw in ({"count": 3, "stride": stride}, {"others": row, "count": 4, "stride": stride},
+               {"others": row, "count": 2, "stride": size - 1}, {"others": row, "count": -1, "stride": stride}):
+        with pytest.raises(ValueError, match="others does not hold"):
+            pwrite_hash(0, bytes(header), payload, 40, 100, **kw)

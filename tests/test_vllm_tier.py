@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -236,6 +237,22 @@ def test_per_worker_slots_that_differ_are_not_stored(tmp_path):
         assert c["replica_mismatches"] == 1 and c["files_written"] == 1
         dep.evict_primary()
         assert dep.load(keys, timeout=20) == {keys[0]: good, keys[1]: None}
+
+
+def test_one_byte_off_in_the_last_worker_slot_is_not_stored(tmp_path, caplog):
+    """The slots are compared inside the fused write: a difference in the last byte of the last slot stops the
+    store, leaves no temp file, counts a mismatch and logs the slots' digests."""
+    with Deployment([kvf(tmp_path)], tp=8, replicated=False, n_layers=N_LAYERS) as dep:
+        keys = make_keys(1, "last-byte")
+        good = make_payload("same", dep.slot_bytes)
+        off = bytearray(good)
+        off[-1] ^= 0x80
+        with caplog.at_level(logging.WARNING):
+            dep.store({keys[0]: [good] * 7 + [bytes(off)]})
+        assert kvf_files(tmp_path) == [] and not [p for p in tmp_path.rglob(".kvf-tmp-*")]
+        c = dep.tier().counters()
+        assert c["replica_mismatches"] == 1 and c["files_written"] == 0
+        assert "the worker slots differ" in caplog.text and "xxh3 per slot" in caplog.text
 
 
 def test_trust_rank0_without_proof_of_replicated_kv_is_refused(tmp_path):

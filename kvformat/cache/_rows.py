@@ -268,11 +268,17 @@ class RowEngine:
             payload = sharded
         else:
             payload = self._payload_of(base)
+        others: tuple[memoryview, int, int] | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify" and not self.plan.shards:
-            digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # native: no GIL
-                       for r in range(self.copies)]
-            if self._replicas_differ(h, digests, "the worker slots"):
-                return REPLICA_MISMATCH, 0
+            if self._fused and self.plan.contiguous and self.cfg.compression == "none" and self.layout.seal is None:
+                # Compared piece by piece with the payload inside the fused write, while each piece is in
+                # cache: every slot read once from memory, one hash (not one per slot, then a re-read to write).
+                others = (self.flat[base + self.slot:base + self.copies * self.slot], self.copies - 1, self.slot)
+            else:
+                digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # no GIL
+                           for r in range(self.copies)]
+                if self._replicas_differ(h, digests, "the worker slots"):
+                    return REPLICA_MISMATCH, 0
         key = BlockKey(h, self.layout.group)
         fuse = self._fused and digests is None and self.cfg.compression == "none"
         # The replicas not written (a sharded row holds the payload once across its shards).
@@ -305,10 +311,18 @@ class RowEngine:
             try:
                 self.delete_victims(victims)
                 if fuse:  # the parent is made only when the write finds it missing: no stat per store
-                    wrote = self._put_fused(rel, hdr, data)
+                    wrote = self._put_fused(rel, hdr, data, others)
                 else:
                     self._make_parent(rel)
                     wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
+            except ReplicaMismatchError:  # found by the fused write: nothing was published
+                self.index.release(size, rel)
+                if shared is not None:
+                    shared.unreserve(size)
+                # The digests for the log: the rare path pays for them.
+                self._replicas_differ(h, [xxh3_64(self._payload_of(base + r * self.slot, 1))
+                                          for r in range(self.copies)], "the worker slots", found=True)
+                return REPLICA_MISMATCH, 0
             except BaseException:
                 self.index.release(size, rel)
                 if shared is not None:
@@ -374,9 +388,10 @@ class RowEngine:
             self.plan.gather_shard(shard, self.flat[first:first + self.slot], out)
         return out
 
-    def _replicas_differ(self, h: str, digests: list[int], what: str) -> bool:
-        """Count and log (once) a chunk whose replicas' digests differ; True if they do."""
-        if len(set(digests)) == 1:
+    def _replicas_differ(self, h: str, digests: list[int], what: str, found: bool = False) -> bool:
+        """Count and log (once) a chunk whose replicas' digests differ; True if they do. ``found``: a comparison
+        already found them different (counted and logged even if the slots have changed since)."""
+        if len(set(digests)) == 1 and not found:
             return False
         err = ReplicaMismatchError([f"{d:016x}" for d in digests])
         self.counters.add(replica_mismatches=1)
@@ -443,12 +458,14 @@ class RowEngine:
         # Checked per call: the store may be swapped (tests) and a subclass's put/read_into must not be bypassed.
         return self._fuse_allowed and type(self.store) is LocalStore
 
-    def _put_fused(self, rel: str, hdr: bytes, data: Any) -> bool:
-        """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches."""
+    def _put_fused(self, rel: str, hdr: bytes, data: Any, others: tuple[memoryview, int, int] | None = None) -> bool:
+        """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches;
+        ``others``: the other worker slots, compared with the payload in the same pass."""
         watched = self.health is not None and isinstance(self.store, LocalStore)
         wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
                                      overwrite=False, o_direct=self._o_direct,
-                                     make_parent=(lambda: self.store.make_parent(rel)) if watched else None)  # type: ignore[attr-defined]
+                                     make_parent=(lambda: self.store.make_parent(rel)) if watched else None,  # type: ignore[attr-defined]
+                                     others=others)
         return wrote
 
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:

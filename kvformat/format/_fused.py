@@ -21,7 +21,7 @@ from ._consts import ALIGNMENT, MAX_HEADER_BYTES
 from ._spec import BlockHeader, BlockKey, CanonicalLayout
 from ._template import HeaderTemplates
 from ._write import TempFile, publish, temp_name
-from ..errors import ChecksumError, KVFormatError, TruncatedError
+from ..errors import ChecksumError, KVFormatError, ReplicaMismatchError, TruncatedError
 
 _DXXH3_FIELD = b'"kvf.dxxh3":"'
 
@@ -229,7 +229,8 @@ def _open_new(tmp: str, flags: int, direct: bool) -> int:
 
 def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = False,
                       overwrite: bool = True, o_direct: bool = False,
-                      make_parent: Callable[[], None] | None = None) -> tuple[bool, str]:
+                      make_parent: Callable[[], None] | None = None,
+                      others: tuple[Any, int, int] | None = None) -> tuple[bool, str]:
     """Write one uncompressed kvformat file atomically, hashing the payload in the same pass.
 
     ``header`` is the header region as :func:`encode_block` makes it with ``payload_xxh3=0``: its
@@ -243,6 +244,10 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
     ``o_direct``: write through an O_DIRECT descriptor (the page cache is bypassed, as the built-in
     vLLM tier does) when the payload is page-aligned and a whole number of pages; buffered otherwise or
     where the filesystem refuses it.
+
+    ``others``: ``(buffer, count, stride)``, count more copies of the payload that must be byte-identical
+    to it (the worker slots of a per-worker row); each piece is compared with them while it is in cache,
+    and ``ReplicaMismatchError`` (without digests) is raised, nothing published, if one differs.
 
     Returns ``(written, payload xxh3 as 16 hex)``; ``written`` is False when ``overwrite`` is False
     and ``path`` exists.
@@ -262,15 +267,19 @@ def write_block_fused(path: str, header: bytes, payload: Any, *, fsync: bool = F
         else:
             os.makedirs(d, exist_ok=True)
         fd = _open_new(tmp, flags, direct)
+    more: dict[str, Any] = {} if others is None else {"others": others[0], "count": others[1], "stride": others[2]}
     with TempFile(tmp, fd) as t:
         try:
-            dh, _ = _native.pwrite_hash(t.fd, header, body, dpos, hpos)
+            got = _native.pwrite_hash(t.fd, header, body, dpos, hpos, **more)
         except OSError as e:
             if not direct or e.errno != errno.EINVAL:
                 raise
             os.close(t.fd)  # O_DIRECT refused at write time: the same write, buffered
             t.fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
-            dh, _ = _native.pwrite_hash(t.fd, header, body, dpos, hpos)
+            got = _native.pwrite_hash(t.fd, header, body, dpos, hpos, **more)
+        if got is None:  # TempFile removes the temp file
+            raise ReplicaMismatchError([], path=path)
+        dh = got[0]
         if fsync:
             os.fsync(t.fd)
     return publish(tmp, path, d, overwrite=overwrite, fsync=fsync), f"{dh:016x}"

@@ -57,12 +57,24 @@ def _py_pread_hash(fd: int, head: Any, dst: Any, offset: int, *, hash: bool = Tr
 
 
 def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_pos: int, offset: int = 0,
-                    piece: int = PIECE) -> tuple[int, int]:
+                    piece: int = PIECE, others: Any = None, count: int = 0,
+                    stride: int = 0) -> tuple[int, int] | None:
     n = len(memoryview(header).cast("B"))
     # The native checks, word for word: a slice assignment past the end would grow the header instead.
     if (n < 16 or dxxh3_pos < 0 or hxxh3_pos < 0 or dxxh3_pos > n - 16 or hxxh3_pos > n - 16
             or (dxxh3_pos < hxxh3_pos + 16 and hxxh3_pos < dxxh3_pos + 16)):
         raise ValueError("checksum positions outside the header or overlapping")
+    body = memoryview(payload).cast("B")
+    size = len(body)
+    if count:
+        o = memoryview(others).cast("B") if others is not None else None
+        if (count < 0 or o is None or stride < size or stride <= 0 or len(o) < size
+                or (len(o) - size) // stride < count - 1):
+            raise ValueError("others does not hold count copies of the payload, stride apart")
+        if any(o[r * stride:r * stride + size] != body for r in range(count)):
+            return None  # nothing written: the native call stops at the first piece that differs
+    elif count < 0:
+        raise ValueError("others does not hold count copies of the payload, stride apart")
     dh = xxhash.xxh3_64_intdigest(payload)
     hdr = bytearray(header)
     hdr[dxxh3_pos:dxxh3_pos + 16] = f"{dh:016x}".encode()
