@@ -255,6 +255,25 @@ def test_one_byte_off_in_the_last_worker_slot_is_not_stored(tmp_path, caplog):
         assert "the worker slots differ" in caplog.text and "xxh3 per slot" in caplog.text
 
 
+def test_slots_that_keep_differing_do_not_evict_the_cache(tmp_path):
+    """A model whose KV is not replicated fails every per-worker store. The in-write comparison comes after the
+    eviction that makes room, so slots that differ from their first bytes on are caught before it: a full cache
+    loses nothing to the failed stores (it lost a file per failed store when they were caught in the write)."""
+    size = None
+    with Deployment([kvf(tmp_path / "probe")], tp=4, replicated=False, n_layers=N_LAYERS) as dep:
+        dep.store({make_keys(1, "probe")[0]: make_payload("p", dep.slot_bytes)})
+        size = kvf_files(tmp_path / "probe")[0].stat().st_size
+    with Deployment([kvf(tmp_path / "root", max_bytes=3 * size)], tp=4, replicated=False, n_layers=N_LAYERS) as dep:
+        kept = make_keys(3, "kept")
+        dep.store({k: make_payload(f"k{i}", dep.slot_bytes) for i, k in enumerate(kept)})
+        assert len(kvf_files(tmp_path / "root")) == 3
+        bad = make_keys(6, "not-replicated")
+        dep.store({k: [make_payload(f"w{r}{i}", dep.slot_bytes) for r in range(4)] for i, k in enumerate(bad)})
+        c = dep.tier().counters()
+        assert c["replica_mismatches"] == 6 and c["files_written"] == 3, c
+        assert len(kvf_files(tmp_path / "root")) == 3
+
+
 def test_trust_rank0_without_proof_of_replicated_kv_is_refused(tmp_path):
     # A hand-built OffloadingConfig (no vLLM KV-cache config in scope, per-worker rows): nothing proves the
     # KV is replicated, so skipping the replica check is refused at start-up (tests/test_layout_models.py

@@ -270,9 +270,13 @@ class RowEngine:
             payload = self._payload_of(base)
         others: tuple[memoryview, int, int] | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify" and not self.plan.shards:
-            if self._fused and self.plan.contiguous and self.cfg.compression == "none" and self.layout.seal is None:
+            if (self._fused and self.plan.contiguous and self.cfg.compression == "none" and self.layout.seal is None
+                    and self._slot_heads_match(base)):
                 # Compared piece by piece with the payload inside the fused write, while each piece is in
                 # cache: every slot read once from memory, one hash (not one per slot, then a re-read to write).
+                # The write comes after the eviction that makes room for it, so slots that differ from their
+                # first bytes on (a model whose KV is not replicated fails every store) are caught before it:
+                # failing stores must not empty the cache one victim each.
                 others = (self.flat[base + self.slot:base + self.copies * self.slot], self.copies - 1, self.slot)
             else:
                 digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # no GIL
@@ -387,6 +391,13 @@ class RowEngine:
                     return None
             self.plan.gather_shard(shard, self.flat[first:first + self.slot], out)
         return out
+
+    def _slot_heads_match(self, base: int) -> bool:
+        """Whether every worker slot of the row at ``base`` starts with the same 4 KiB (a cheap first look)."""
+        n = min(4096, self.payload_bytes)
+        head = bytes(self.flat[base:base + n])
+        return all(bytes(self.flat[base + r * self.slot:base + r * self.slot + n]) == head  # bytes: memcmp
+                   for r in range(1, self.copies))
 
     def _replicas_differ(self, h: str, digests: list[int], what: str, found: bool = False) -> bool:
         """Count and log (once) a chunk whose replicas' digests differ; True if they do. ``found``: a comparison
