@@ -73,8 +73,6 @@ def _py_pwrite_hash(fd: int, header: Any, payload: Any, dxxh3_pos: int, hxxh3_po
             raise ValueError("others does not hold count copies of the payload, stride apart")
         if any(o[r * stride:r * stride + size] != body for r in range(count)):
             return None  # nothing written: the native call stops at the first piece that differs
-    elif count < 0:
-        raise ValueError("others does not hold count copies of the payload, stride apart")
     dh = xxhash.xxh3_64_intdigest(payload)
     hdr = bytearray(header)
     hdr[dxxh3_pos:dxxh3_pos + 16] = f"{dh:016x}".encode()
