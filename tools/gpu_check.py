@@ -21,6 +21,7 @@ Exit status: 0 when the bytes match (or not run), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -61,7 +62,7 @@ def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], 
     import torch
 
     import kvformat as K
-    from kvformat.staging import SharedRow, Stager
+    from kvformat.staging import AsyncStager, SharedRow, Stager
     from kvformat.storage import open_store
 
     device = torch.device(cfg["device"])
@@ -81,7 +82,10 @@ def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], 
     # Random bits (any bf16 pattern, NaNs included): the check compares bytes, never values.
     kv = [torch.randint(-128, 128, (nb, tokens * latent * 2), dtype=torch.int8, device=device, generator=g)
           .view(torch.bfloat16).view(nb, tokens, latent) for _ in range(layers)]
-    src = [list(range(c * bpc, (c + 1) * bpc)) for c in range(chunks)]
+    if cfg["ids"] == "scattered":  # what engines hand over: chunk c holds every chunks-th block
+        src = [[c + chunks * j for j in range(bpc)] for c in range(chunks)]
+    else:
+        src = [list(range(c * bpc, (c + 1) * bpc)) for c in range(chunks)]
     # Other block ids on the way back (reversed, from the top half): the payload is where-independent.
     dst = [[nb - 1 - b for b in ids] for ids in src]
     keys = [K.BlockKey(f"{c + 1:04x}" * 8) for c in range(chunks)]
@@ -96,6 +100,11 @@ def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], 
     before = st.stats.bytes_out
     t["stage_out"] = _timed(lambda: [st.stage_out(src[c], c) for c in range(chunks)], device, repeat)
     out_round = (st.stats.bytes_out - before) // repeat
+    a = AsyncStager(st)  # every chunk in flight at once, one wait at the end
+    t["stage_out_async"] = _timed(lambda: _all_ok(a.wait([a.submit_stage_out(src[c], c) for c in range(chunks)])),
+                                  device, repeat)
+    a.shutdown()
+    del a
     t0 = time.perf_counter()
     for c in range(chunks):
         st.save(c, keys[c], store, overwrite=True)  # the writer saves, the other ranks return at once
@@ -116,8 +125,16 @@ def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], 
     t["stage_in"] = _timed(lambda: [st2.stage_in(c, dst[c]) for c in range(chunks)], device, repeat)
     in_round = (st2.stats.bytes_in - before) // repeat
     _sync(device)
-    equal = all(torch.equal(kv2[i][dst[c]].view(torch.uint8), kv[i][src[c]].view(torch.uint8))
-                for c in range(chunks) for i in range(layers))
+    equal = _equal(kv, kv2, src, dst)
+    for x in kv2:
+        x.zero_()
+    a2 = AsyncStager(st2)
+    t["stage_in_async"] = _timed(lambda: _all_ok(a2.wait([a2.submit_stage_in(c, dst[c]) for c in range(chunks)])),
+                                 device, repeat)
+    a2.shutdown()
+    del a2
+    _sync(device)
+    equal = equal and _equal(kv, kv2, src, dst)
     in_stats = st2.stats.to_dict()
     del st2
     row2.close()
@@ -136,18 +153,49 @@ def rank_check(rank: int, tp: int, cfg: dict[str, Any], names: tuple[str, str], 
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
 
 
+def _all_ok(results: Sequence[Any]) -> None:
+    for r in results:
+        if r.error is not None:
+            raise r.error
+
+
+def _equal(kv: Sequence[Any], kv2: Sequence[Any], src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]]) -> bool:
+    import torch
+
+    return all(torch.equal(b[d].view(torch.uint8), a[s].view(torch.uint8))
+               for s, d in zip(src, dst) for a, b in zip(kv, kv2))
+
+
+def resolve_device(name: str, *, available: bool, count: int, current: int = 0) -> str | None:
+    """The device the ranks use, as ``cpu`` or ``cuda:N`` (torch.cuda.set_device needs an index); None when a
+    GPU was asked for (``auto``, ``cuda``, ``cuda:N``) and there is none. SystemExit for anything else."""
+    if name == "cpu":
+        return "cpu"
+    if name in ("auto", "cuda"):
+        return f"cuda:{current}" if available and count > 0 else None
+    head, _, index = name.partition(":")
+    if head != "cuda" or not index.isdigit():
+        raise SystemExit(f"--device: expected auto, cuda, cuda:N or cpu, got {name!r}")
+    if not available or count == 0:
+        return None
+    if int(index) >= count:
+        raise SystemExit(f"--device: expected cuda:0..cuda:{count - 1}, got {name!r}")
+    return f"cuda:{int(index)}"
+
+
 class _NoBarrier:
     def wait(self) -> None:
         return None
 
 
 def run_check(device_name: str, *, tp: int, layers: int, tokens: int, latent: int, blocks_per_chunk: int,
-              chunks: int, num_blocks: int, root: str | None, repeat: int) -> int:
+              chunks: int, num_blocks: int, root: str | None, repeat: int, ids: str = "contiguous") -> int:
     """Run every rank (in this process for TP=1, else spawned), print the table; returns the exit status."""
     if num_blocks < 2 * chunks * blocks_per_chunk:
         raise SystemExit(f"--num-blocks must be >= 2 * chunks * blocks_per_chunk = {2 * chunks * blocks_per_chunk}")
     cfg = {"device": device_name, "layers": layers, "tokens": tokens, "latent": latent,
-           "blocks_per_chunk": blocks_per_chunk, "chunks": chunks, "num_blocks": num_blocks, "repeat": repeat}
+           "blocks_per_chunk": blocks_per_chunk, "chunks": chunks, "num_blocks": num_blocks, "repeat": repeat,
+           "ids": ids}
     names = (f"gpucheck-{uuid.uuid4().hex[:12]}", f"gpucheck-{uuid.uuid4().hex[:12]}")
     tmp = root or tempfile.mkdtemp(prefix="kvformat-gpu-check-")
     try:
@@ -177,13 +225,15 @@ def _print(res: dict[int, dict[str, Any]], cfg: dict[str, Any], tp: int) -> None
     cuda = r0["device_name"] != "cpu"
     print(f"kvformat gpu_check on {r0['device_name']}: TP={tp}, {cfg['layers']} layers x {cfg['tokens']} tokens x "
           f"{cfg['latent']} bf16, {cfg['blocks_per_chunk']} blocks/chunk, {cfg['chunks']} chunks, "
-          f"{payload / 2**20:.1f} MiB/chunk, {total / 2**20:.1f} MiB in all, row pinned: "
+          f"{cfg['ids']} block ids, {payload / 2**20:.1f} MiB/chunk, {total / 2**20:.1f} MiB in all, row pinned: "
           f"{'yes' if r0['pinned'] else 'no'}, best of {cfg['repeat']} (rank 0 = writer)")
     plain = "plain pinned" if cuda else "plain host"
     table = [
         ("D2H stage_out (KV -> shared row)", "stage_out", "plain_d2h"),
+        ("D2H AsyncStager, all in flight", "stage_out_async", "plain_d2h"),
         (f"D2H {plain} tensor copy", "plain_d2h", None),
         ("H2D stage_in (shared row -> KV)", "stage_in", "plain_h2d"),
+        ("H2D AsyncStager, all in flight", "stage_in_async", "plain_h2d"),
         (f"H2D {plain} tensor copy", "plain_h2d", None),
         ("row -> kvformat file (put_block)", "save", None),
         ("kvformat file -> row (read_into)", "load", None),
@@ -198,6 +248,10 @@ def _print(res: dict[int, dict[str, Any]], cfg: dict[str, Any], tp: int) -> None
               f"{x['bytes_in'] / 2**20:.1f} MiB/round, file bytes written {x['bytes_to_file'] / 2**20:.1f} "
               f"MiB, read {x['bytes_from_file'] / 2**20:.1f} MiB, bytes equal: {'yes' if x['equal'] else 'NO'}")
     print(f"bytes equal: {'yes' if all(x['equal'] for x in res.values()) else 'NO'}")
+    ratios = {k: round(gbs[k] / gbs[ref], 3) for _, k, ref in table if ref}
+    print(json.dumps({"device": r0["device_name"], "tp": tp, "ids": cfg["ids"], "chunks": cfg["chunks"],
+                      "chunk_mib": round(payload / 2**20, 2), "equal": all(x["equal"] for x in res.values()),
+                      "gbs": {k: round(v, 2) for k, v in gbs.items()}, "ratios": ratios}))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -212,18 +266,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=8)
     p.add_argument("--num-blocks", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--ids", choices=("contiguous", "scattered"), default="contiguous",
+                   help="each chunk's block ids: one run, or every chunks-th block (what engines hand over)")
     p.add_argument("--root", default=None, help="directory for the kvformat files (default: a temp dir, removed)")
     a = p.parse_args(argv)
     import torch
 
-    dev = a.device
-    if dev != "cpu":
-        if not torch.cuda.is_available():
-            print("not run: no GPU available")
-            return 0
-        dev = "cuda" if dev == "auto" else dev
-    return run_check(dev, tp=a.tp, layers=a.layers, tokens=a.tokens, latent=a.latent, blocks_per_chunk=a.blocks_per_chunk,
-                     chunks=a.chunks, num_blocks=a.num_blocks, root=a.root, repeat=a.repeat)
+    avail = torch.cuda.is_available()
+    dev = resolve_device(a.device, available=avail, count=torch.cuda.device_count() if avail else 0,
+                         current=torch.cuda.current_device() if avail else 0)
+    if dev is None:
+        print("not run: no GPU available")
+        return 0
+    return run_check(dev, tp=a.tp, layers=a.layers, tokens=a.tokens, latent=a.latent,
+                     blocks_per_chunk=a.blocks_per_chunk, chunks=a.chunks, num_blocks=a.num_blocks, root=a.root,
+                     repeat=a.repeat, ids=a.ids)
 
 
 if __name__ == "__main__":

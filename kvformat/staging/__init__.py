@@ -11,11 +11,14 @@ Pipeline- and decode-context-parallel groups compose (:class:`RankPlacement`, ``
 (stage, DCP rank) is one *part* of a chunk, written by one of its TP replicas into its place in the
 canonical slot (its stage's layers, its DCP rank's tokens), so the row and the file are the same as a
 TP-only group's. Modules: ``_shm`` (the /dev/shm file, stale rows, fences), ``_row`` (the row and its
-protocol), ``_cuda`` (pinning, stream glue), ``_placement``, ``_stager``. Errors are in
+protocol), ``_cuda`` (pinning, stream glue, events), ``_placement``, ``_stager``, ``_async``
+(:class:`AsyncStager`: submit many transfers, poll for the finished ones; pipelined) and ``_completion``. Errors are in
 :mod:`kvformat.errors`.
 """
 
 from ..errors import StagingConflictError, StagingError, StagingTimeoutError
+from ._async import AsyncStager
+from ._completion import JobResult
 from ._placement import RankPlacement
 from ._row import SharedRow
 from ._shm import _CHUNK_BASE, BUSY, DONE, EMPTY, FAILED, row_path
@@ -23,8 +26,8 @@ from ._stager import Stager
 from ._stats import StagingStats
 
 __all__ = [
-    "SharedRow", "Stager", "StagingStats", "RankPlacement", "StagingError", "StagingTimeoutError",
-    "StagingConflictError", "row_path", "EMPTY", "BUSY", "DONE", "FAILED",
+    "SharedRow", "Stager", "AsyncStager", "JobResult", "StagingStats", "RankPlacement", "StagingError",
+    "StagingTimeoutError", "StagingConflictError", "row_path", "EMPTY", "BUSY", "DONE", "FAILED",
 ]
 
 _ = _CHUNK_BASE  # the control area's first chunk record (tests forge stale rows with it)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import StagingError
 
-__all__ = ["pin_host", "unpin_host", "on_stream", "after_compute", "sync_point"]
+__all__ = ["pin_host", "unpin_host", "on_stream", "after_compute", "sync_point", "record_event", "device_ids"]
 
 
 def pin_host(ptr: int, nbytes: int, *, required: bool) -> bool:
@@ -82,3 +82,20 @@ def sync_point(stream: Any) -> None:
     done = torch.cuda.Event(blocking=True)
     done.record(stream)
     done.synchronize()
+
+
+def record_event(stream: Any) -> Any:
+    """An event marking what is queued on ``stream`` now; poll it with ``.query()`` (no host sync)."""
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev
+
+
+def device_ids(ids: list[int], device: Any) -> Any:
+    """Block ids as a long tensor on ``device``, copied from pinned memory: a copy from pageable memory would
+    make the host wait for the stream's earlier work, the per-chunk sync the pipeline exists to avoid."""
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long).pin_memory().to(device, non_blocking=True)
