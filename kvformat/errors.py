@@ -7,6 +7,8 @@ also inherits the matching built-in (``ValueError`` …) so generic handlers sti
 
 from __future__ import annotations
 
+import errno
+
 from typing import Any
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "UnknownKeyError",
     "KeySourceError",
     "ReplicaMismatchError",
+    "ControlRecordError",
     "LegacyLayoutError",
     "UsageError",
     "RootUnusableError",
@@ -33,6 +36,7 @@ __all__ = [
     "StagingTimeoutError",
     "StagingConflictError",
     "UnsafeFileError",
+    "PathEscapeError",
     "RankError",
     "DestinationError",
 ]
@@ -165,6 +169,20 @@ class UnknownKeyError(SealError):
         super().__init__(f"sealed under key {key_id}; this reader {have}", path=path)
 
 
+class ControlRecordError(KVFormatError, ValueError):
+    """A record of a shared root's coordination (``.kvformat/``: a journal, the state, a lease) that is not of the
+    expected shape: a path leaving the root, a size or generation out of range, an oversized or non-regular file,
+    a missing MAC on a sealed root. The record is skipped and counted; ``why`` is a short stable tag."""
+
+    def __init__(self, why: str, detail: str = "", *, path: str | None = None) -> None:
+        self.why = why
+        super().__init__(f"control record rejected ({why}){': ' + detail if detail else ''}", path=path)
+
+    @property
+    def reason(self) -> str:
+        return f"ControlRecordError:{self.why}"
+
+
 class ReplicaMismatchError(KVFormatError, ValueError):
     """Per-worker slots that must be byte-identical (replicated MLA latent) differ."""
 
@@ -198,10 +216,15 @@ class KeySourceError(UsageError):
         super().__init__(f"seal key {source}: {message}")
 
 
-class RootUnusableError(UsageError):
+class RootUnusableError(UsageError, OSError):
     """A cache root that cannot be used as configured: the start-up probe (create, write, publish, read back,
     delete one object) failed. ``field`` names the parameter to fix (``root``, ``storage_options``,
-    ``storage_options.endpoint_url`` …), ``step`` the probe step that failed, ``cause`` the storage error."""
+    ``storage_options.endpoint_url`` …), ``step`` the probe step that failed, ``cause`` the storage error.
+
+    Also an ``OSError``: a root that cannot be written is one to vLLM's tier contract (its own fs tier raises
+    the OS error), and callers that catch ``OSError`` around a tier's construction must catch this too.
+    ``errno`` is the cause's, where it has one.
+    """
 
     def __init__(self, field: str, message: str, *, step: str | None = None, cause: BaseException | None = None,
                  path: str | None = None) -> None:
@@ -209,6 +232,7 @@ class RootUnusableError(UsageError):
         self.step = step
         self.cause = cause
         super().__init__(f"{field}: {message}", path=path)
+        self.errno = getattr(cause, "errno", None)
 
 
 class StagingError(KVFormatError, ValueError):
@@ -241,6 +265,16 @@ class UnsafeFileError(OSError):
     An ``OSError`` only (not a :class:`KVFormatError`): the file's contents were never looked at, so callers
     treat it as the unreadable file it is.
     """
+
+
+class PathEscapeError(KVFormatError, OSError):
+    """A delete or move under a root refused: its path would leave the root (a symlinked directory, ``..``, an
+    absolute or empty component) or names another file than the one checked. ``path`` and ``why`` say which."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.why = why
+        KVFormatError.__init__(self, why, path=path)
+        self.errno = errno.ELOOP
 
 
 class RankError(KVFormatError, RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import errno
 from pathlib import Path
 
 import kvformat.errors as E
@@ -33,6 +34,8 @@ def test_each_error_is_also_its_built_in() -> None:
         assert issubclass(cls, E.KVFormatError), name
         if cls is E.RankError:  # a harness process failed: a RuntimeError
             assert issubclass(cls, RuntimeError)
+        elif cls is E.PathEscapeError:  # a delete/move refused: also an OSError (ELOOP), as the syscall's would be
+            assert issubclass(cls, OSError) and E.PathEscapeError("a/b", "why").errno == errno.ELOOP
         elif cls is not E.KVFormatError:
             assert issubclass(cls, ValueError), name
     assert issubclass(E.StagingTimeoutError, TimeoutError)

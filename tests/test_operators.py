@@ -7,6 +7,7 @@ S3 roots (bucket typo, endpoint down, bad credentials): tests/test_operators_s3.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -135,6 +136,21 @@ def test_bad_parameters_are_named(tmp_path: Path, kw: dict, field: str, text: st
         Deployment([kvformat_tier(root, **kw)], n_layers=N_LAYERS)
     assert e.value.field == field and re.search(text, str(e.value)), str(e.value)
     assert str(e.value).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize("locality", ["local", ""])
+def test_bad_locality_is_refused_as_vllms_own_tiers_refuse_it(tmp_path: Path, locality: str) -> None:
+    # vLLM 0.34's fs-tier test expects ValueError matching "Locality"; kvformat's names the parameter too.
+    with pytest.raises(ValueError, match="Locality") as e:
+        Deployment([kvformat_tier(str(tmp_path / "root"), locality=locality)], n_layers=N_LAYERS)
+    assert isinstance(e.value, SchemaError) and e.value.field == "locality"
+
+
+def test_an_unusable_root_is_an_os_error_as_vllms_contract_says(tmp_path: Path) -> None:
+    # vLLM's fs tier raises the OSError of a root it cannot write; callers catching OSError must catch ours.
+    with pytest.raises(OSError) as e:
+        Deployment([kvformat_tier("/dev/null/invalid_path")], n_layers=N_LAYERS)
+    assert isinstance(e.value, RootUnusableError) and e.value.field == "root" and e.value.errno == errno.ENOTDIR
 
 
 def test_small_max_bytes_is_warned_with_the_chunk_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

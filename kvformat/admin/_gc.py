@@ -23,7 +23,8 @@ from typing import Any
 
 from ..format._files import iter_files
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
-from ..errors import UsageError
+from ..storage._safepath import unlink_in
+from ..errors import PathEscapeError, UsageError
 from ..storage import LocalStore, Store, StoreEntry, open_store
 from ._scan import not_a_root
 
@@ -122,7 +123,7 @@ def plan_gc(store: Store, max_bytes: int | None, ignored: list[dict[str, str]] |
     return rep
 
 
-def _quarantined(store: Store) -> list[StoreEntry]:
+def _quarantined(store: Store, ids: dict[str, tuple[int, int]]) -> list[StoreEntry]:
     if not isinstance(store, LocalStore):
         raise UsageError("--quarantine: purging .quarantine is supported on local roots only (the Store "
                          "interface lists no quarantined objects)")
@@ -136,6 +137,7 @@ def _quarantined(store: Store) -> list[StoreEntry]:
         except FileNotFoundError:
             continue
         out.append(StoreEntry(f"{QUARANTINE_DIR}/{rel}", st.st_size, st.st_mtime))
+        ids[out[-1].relpath] = (st.st_dev, st.st_ino)
     return sorted(out, key=lambda e: e.relpath)
 
 
@@ -152,26 +154,28 @@ def run_gc(store: Store, max_bytes: int | None, *, dry_run: bool = False, quaran
     rep = plan_gc(store, max_bytes if evict else None, ignored, namespaces_only=namespaces_only)
     rep.ignored = ignored
     rep.dry_run = dry_run
+    ids: dict[str, tuple[int, int]] = {}
     if quarantine:
-        rep.quarantine_victims = _quarantined(store)
+        rep.quarantine_victims = _quarantined(store, ids)
     if on_plan is not None:
         on_plan(len(rep.victims) + len(rep.quarantine_victims))
     if dry_run:
         return rep
     rep.temp_removed = store.cleanup_temp(older_than_s=TEMP_GRACE_S)
     for v in rep.victims:
-        if store.delete(v.relpath):
-            rep.deleted += 1
-            rep.freed_bytes += v.size
+        try:
+            if store.delete(v.relpath):
+                rep.deleted += 1
+                rep.freed_bytes += v.size
+        except PathEscapeError as e:  # a directory swapped for a symlink since the listing: nothing removed
+            rep.failed.append({"path": v.relpath, "error": f"{type(e).__name__}: {e}"})
         if progress is not None:
             progress(v.size)
     for v in rep.quarantine_victims:
-        try:
-            os.unlink(os.path.join(store.root, v.relpath))
-        except FileNotFoundError:
-            pass
+        try:  # from a descriptor of the root, only the inode listed: a swapped-in symlink deletes nothing outside
+            unlink_in(store.root, v.relpath, ids.get(v.relpath))
         except OSError as e:
-            rep.failed.append({"path": v.relpath, "error": f"{type(e).__name__}: {e.strerror}"})
+            rep.failed.append({"path": v.relpath, "error": f"{type(e).__name__}: {e.strerror or e}"})
         if progress is not None:
             progress(v.size)
     if rep.quarantine_victims:

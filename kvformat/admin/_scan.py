@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..format._files import is_regular_file, iter_files, read_small_file
-from ..format._read import FileSource, read_header_from, read_payload_from
+from ..format._read import FileSource, read_header_from, read_payload_from, payload_buffer
 from ..format._seal import Keyring
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ..format._placement import placement_error
@@ -87,7 +87,7 @@ def check_block_file(path: str, relpath: str | None, *, verify: bool, keys: Keyr
             if err is not None:
                 raise err
             if verify:
-                read_payload_from(src, bytearray(hdr.raw_bytes), verify=True, keys=keys, stored_only=keys is None)
+                read_payload_from(src, payload_buffer(hdr), verify=True, keys=keys, stored_only=keys is None)
     except KVFormatError as e:
         raise e.with_path(path) from None
     return hdr

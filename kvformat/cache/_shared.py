@@ -34,7 +34,6 @@ listing of one directory. No POSIX lock is used (they do not work over many NFS 
   evictor). An engine stalled longer than ``ttl_s`` (SIGSTOP, a hung mount) loses that protection: its read then
   fails as a miss or completes from the open file, never returns wrong bytes (checksums).
 """
-
 from __future__ import annotations
 
 import json
@@ -43,82 +42,26 @@ import secrets
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..format._paths import CONTROL_DIR
+from ..errors import ControlRecordError, KVFormatError
 from ..format._write import host_tag
 from ..storage import Store
 from ._counters import Counters
 from ._log import CacheLog
 from ._lru import LRUIndex
+from ._shared_check import Stuck, parse_state, read_control
+from ._shared_evictor import EvictorRole
+from ._shared_mac import ControlMac
+from ._shared_grants import (ENGINES_DIR, LEASE_DIR, MAX_PENDING, STATE_FILE, Holding, Key, dead_here,
+                             default_allowance, grant, shared_target)
 
-__all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "SharedBound", "default_allowance", "shared_target"]
+_STUCK = "control:read"  # log-once reason of a control read that stalled
 
-ENGINES_DIR = f"{CONTROL_DIR}/engines"
-LEASE_DIR = f"{CONTROL_DIR}/lease"
-STATE_FILE = f"{CONTROL_DIR}/state.json"
-MAX_PENDING = 200_000  # journal records kept for the evictor; past this, read records (recency) are dropped
-
-Key = tuple[int, int]  # (lease generation, state number): a point in the evictor's published history
-
-
-def default_allowance(max_bytes: int, file_bytes: int) -> int:
-    """A follower's write allowance when none is configured: 1/16 of the bound, at most 4 GiB, at least two
-    files (a writer must be able to write)."""
-    return max(2 * file_bytes, min(max_bytes // 16, 4 << 30))
+__all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "SharedBound", "default_allowance", "grant", "shared_target"]
 
 
-def shared_target(max_bytes: int, engines: int, allowance: int) -> int:
-    """What the evictor keeps the indexed bytes under, with ``engines`` engines on the root (itself included): room
-    for each to be granted its full ``allowance`` once pending deletions are through."""
-    if engines <= 1:
-        return max_bytes
-    return max(max_bytes - engines * allowance, max_bytes // 2)
-
-
-def grant(max_bytes: int, counted: int, exposure: list[int], allowance: int) -> int:
-    """The bytes each of ``len(exposure) + 1`` engines may write beyond ``counted`` (the evictor's count) when each
-    follower may still be using a grant up to its ``exposure``: the largest ``g <= allowance`` with
-    ``counted + sum(max(e, g) for e in exposure) + g <= max_bytes`` (0 if none)."""
-    lo, hi = 0, allowance
-    while lo < hi:  # the total is monotone in g: bisect on whole bytes
-        mid = (lo + hi + 1) // 2
-        if counted + sum(max(e, mid) for e in exposure) + mid <= max_bytes:
-            lo = mid
-        else:
-            hi = mid - 1
-    if counted + sum(exposure) + lo > max_bytes:
-        return 0
-    return lo
-
-
-@dataclass
-class _View:
-    """The evictor's view of one follower."""
-
-    beat: int = -1
-    seen_at: float = 0.0  # evictor's monotonic clock when the beat last changed
-    merged: int = 0  # last record number merged
-    ack: Key | None = None
-    gone: bool = False
-
-
-@dataclass
-class _Holding:
-    """What the evictor keeps while it holds lease generation ``gen``."""
-
-    gen: int
-    seq: int = 0
-    views: dict[str, _View] = field(default_factory=dict)
-    doomed: dict[str, tuple[int, int]] = field(default_factory=dict)  # relpath -> (state number dooming it, size)
-    grants: dict[int, int] = field(default_factory=dict)  # state number -> the grant it published
-    alone: bool = True  # no live follower: victims go at once, as on an unshared root
-    scanned: bool = False
-    last_ok: float = 0.0
-
-
-class SharedBound:
+class SharedBound(EvictorRole):
     """This engine's part in bounding a shared root (see the module docstring). Thread-safe; :meth:`tick` runs on
     one housekeeping thread, every ``interval_s``.
 
@@ -129,8 +72,10 @@ class SharedBound:
 
     def __init__(self, store: Store, index: LRUIndex, *, max_bytes: int, allowance: int, log: CacheLog,
                  counters: Counters, delete: Callable[[list[tuple[str, int]]], None], rescan: Callable[[], None],
-                 scanned: Callable[[], bool], interval_s: float = 1.0, ttl_s: float | None = None) -> None:
+                 scanned: Callable[[], bool], interval_s: float = 1.0, ttl_s: float | None = None,
+                 mac: ControlMac | None = None) -> None:
         self.store = store
+        self.mac = mac  # a sealed root: every control record written is MAC'd, every one read must verify
         self.index = index
         self.max_bytes = max_bytes
         self.allowance = allowance
@@ -148,7 +93,8 @@ class SharedBound:
         # -- as a follower
         self._beat = 0
         self._seq = 0
-        self._pending: dict[str, list[Any]] = {}  # relpath -> [record number, op, size]; insertion = seq order
+        # relpath -> [record number, op, size, predecessor or None]; insertion = seq order
+        self._pending: dict[str, list[Any]] = {}
         self._unmerged = 0  # bytes of the "w" records in _pending
         self._reserved = 0  # bytes admitted by may_write whose store has not finished
         self._since_pass = 0  # the evictor's: bytes admitted since its last pass began
@@ -163,8 +109,11 @@ class SharedBound:
         self._watch: tuple[Any, float] = (None, 0.0)  # (what the evictor last published, when that was seen)
         self._root_state: dict[str, Any] = {}
         # -- as the evictor
-        self.holding: _Holding | None = None
+        self.holding: Holding | None = None
         self._closed = False
+        self.rejected: Counter[str] = Counter()  # control records skipped, by ControlRecordError.why
+        self._stuck = Stuck()  # control reads given up on (a hung mount): each degrades only itself
+        self._leases_seen: dict[str, tuple[int, float, bool]] = {}  # sealed: lease name -> (size, mtime, MAC ok)
         index.max_bytes = None  # a follower never evicts: only the evictor does, for the whole root
 
     # -- what the row engine asks --------------------------------------------------------------------
@@ -215,12 +164,17 @@ class SharedBound:
             if self.holding is not None:
                 self._since_pass = max(0, self._since_pass - nbytes)
 
-    def wrote(self, relpath: str, nbytes: int) -> None:
-        """The store reserved with :meth:`may_write` published ``relpath`` (``nbytes``)."""
+    def wrote(self, relpath: str, nbytes: int, pred: str | None = None) -> None:
+        """The store reserved with :meth:`may_write` published ``relpath`` (``nbytes``). ``pred``: the file of the
+        chunk before it in the prompt, if known: a prefix-aware evictor index (cache/_prefix.py) learns it, here
+        or through this follower's journal, and drops chunks whose predecessor is gone first."""
+        link = getattr(self.index, "link", None)
+        if pred is not None and link is not None:
+            link(relpath, pred)  # this engine's index too: it has them if it takes the lease over
         with self._lock:
             self._reserved = max(0, self._reserved - nbytes)
             if self.holding is None:
-                self._record(relpath, "w", nbytes)
+                self._record(relpath, "w", nbytes, pred)
 
     def used(self, relpath: str) -> None:
         """A load or store found ``relpath``: recency for the evictor's LRU order."""
@@ -234,16 +188,16 @@ class SharedBound:
             if self.holding is None:
                 self._record(relpath, "x", 0)
 
-    def _record(self, relpath: str, op: str, nbytes: int) -> None:
+    def _record(self, relpath: str, op: str, nbytes: int, pred: str | None = None) -> None:
         self._seq += 1
         old = self._pending.pop(relpath, None)
         if old is not None and old[1] == "w":
             self._unmerged -= old[2]
             if op == "r":
-                op, nbytes = "w", old[2]  # a read after a write: still the write (which is recency too)
+                op, nbytes, pred = "w", old[2], old[3]  # a read after a write: still the write (recency too)
         if op == "w":
             self._unmerged += nbytes
-        self._pending[relpath] = [self._seq, op, nbytes]
+        self._pending[relpath] = [self._seq, op, nbytes, pred]
         if len(self._pending) > MAX_PENDING:
             for rel in [r for r, v in self._pending.items() if v[1] == "r"][:len(self._pending) - MAX_PENDING]:
                 del self._pending[rel]
@@ -282,28 +236,13 @@ class SharedBound:
             else:
                 self._reads[token] = n - 1
 
-    def evict(self, victims: list[tuple[str, int]]) -> None:
-        """Victims the index handed out: deleted at once when no other engine could be reading them, else
-        doomed (published, deleted once every follower has let go)."""
-        if not victims:
-            return
-        with self._lock:
-            h = self.holding
-            if h is not None and not h.alone:
-                for rel, size in victims:
-                    if rel not in h.doomed:
-                        h.doomed[rel] = (h.seq + 1, size)  # first published by the next state
-                    else:  # handed out again after a re-index: forget the extra doom at once
-                        self.index.forget([rel])
-                return
-        self._delete(victims)
-
     def root_view(self) -> dict[str, Any]:
         """What this engine knows of the root: role, engines, usage as the evictor published it (metrics)."""
         with self._lock:
             s = dict(self._root_state)
             h = self.holding
             s["evictor"] = h is not None
+            s["control_rejected"] = dict(self.rejected)
             if h is not None:  # the evictor's own count is current, not as of its last pass
                 s["used"] = (self.index.used + self.index.reserved + self._reserved
                              + sum(size for _, size in h.doomed.values()))
@@ -332,47 +271,75 @@ class SharedBound:
             if self._reads:
                 ack = min(ack, min(k for k, n in self._reads.items() if n))
             doc = {"id": self.id, "host": host_tag(), "pid": os.getpid(), "beat": self._beat, "ack": list(ack),
-                   "gone": gone, "records": [[v[0], v[1], rel, v[2]] for rel, v in self._pending.items()]}
+                   "gone": gone, "records": [[v[0], v[1], rel, v[2]] + ([{"pred": v[3]}] if v[3] else [])
+                                             for rel, v in self._pending.items()]}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def _follower_pass(self) -> None:
-        self.store.put(f"{ENGINES_DIR}/{self.id}.json", [self._journal()], overwrite=True)
-        try:
-            state = json.loads(self.store.read_bytes(STATE_FILE))
-        except FileNotFoundError:
-            state = None
-        except ValueError:  # a torn or foreign state.json: as if there were none (the evictor rewrites it)
+        self.put_control(f"{ENGINES_DIR}/{self.id}.json", self._journal(), overwrite=True)
+        state = self._read_state()
+        gens = self._lease_gens()
+        if state is not None and (not gens or state["gen"] != max(gens)):
+            # Only the holder of the newest lease publishes: a state of any other generation is stale (a lease
+            # just taken, or orphaned by a crash: then the lease is watched and taken over after ttl_s) or forged,
+            # and applying a forged one would pin this engine to a generation nobody serves.
+            if not gens or state["gen"] > max(gens):
+                self.reject(ControlRecordError("gen", f"state of generation {state['gen']} without its lease",
+                                               path=STATE_FILE))
             state = None
         now = time.monotonic()
-        if state is not None and int(state.get("gen", 0)) >= self._applied[0]:
-            self._apply(state, now)
-        self._maybe_take_over(state, now)
+        if state is not None:  # backed by the newest lease (above), even if older than one applied before: that
+            self._apply(state, now)  # one's lease is gone (a forged or dead generation must not pin this engine)
+        self._maybe_take_over(state, gens, now)
+
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            raw = self._stuck.call(STATE_FILE, lambda: read_control(self.store, STATE_FILE), self.ttl_s / 2)
+            state, bad = parse_state(self.open_control(STATE_FILE, raw))
+        except FileNotFoundError:
+            return None
+        except ControlRecordError as e:  # torn, foreign or planted: as if there were none (the evictor rewrites it)
+            self.reject(e.with_path(STATE_FILE))
+            return None
+        except TimeoutError as e:  # a stuck mount: this tick sees no state (stale soon: misses, never a hang)
+            self.log.warn(_STUCK, "reading the shared root's state: %s", e)
+            return None
+        for b in bad:
+            self.reject(b.with_path(STATE_FILE))
+        return state
+
+    def reject(self, e: KVFormatError) -> None:
+        """Count and log (once per reason and interval) a control record skipped."""
+        why = getattr(e, "why", type(e).__name__)
+        with self._lock:
+            self.rejected[why] += 1
+        self.log.warn("control:" + why, "skipped a record of the shared root's coordination: %s (counted in "
+                      "root_view()['control_rejected']; other records and engines go on)", e)
 
     def _apply(self, state: dict[str, Any], now: float) -> None:
-        key: Key = (int(state["gen"]), int(state["seq"]))
-        doomed = {str(rel): int(d) for rel, d in state.get("doomed", [])}
+        key: Key = (state["gen"], state["seq"])
+        doomed: dict[str, int] = state["doomed"]
         new = [rel for rel in doomed if rel not in self._refused]
         with self._lock:
             self._applied = key
             self._fresh_at = now
             self._refused = doomed
-            merged = state.get("engines", {}).get(self.id)
+            merged = state["engines"].get(self.id)
             self._admitted = merged is not None
             if merged is not None:
-                self._merged = int(merged)
+                self._merged = merged
                 for rel in [r for r, v in self._pending.items() if v[0] <= self._merged]:
                     del self._pending[rel]
                 self._unmerged = sum(v[2] for v in self._pending.values() if v[1] == "w")
-            self._grant = int(state.get("allowance", 0))
+            self._grant = min(state["allowance"], self.max_bytes)  # a forged grant never exceeds the bound
             self._room.notify_all()
             self._root_state = {k: state.get(k) for k in ("gen", "used", "files", "target", "max_bytes")}
-            self._root_state["engines"] = len(state.get("engines", {})) + 1
+            self._root_state["engines"] = len(state["engines"]) + 1
         for rel in new:  # doomed: no lookup may find it here any more
             self.index.remove(rel)
 
-    def _maybe_take_over(self, state: dict[str, Any] | None, now: float) -> None:
+    def _maybe_take_over(self, state: dict[str, Any] | None, gens: list[int], now: float) -> None:
         if state is None:
-            gens = self._lease_gens()
             if not gens:
                 self._take_over(1, None)
                 return
@@ -380,177 +347,19 @@ class SharedBound:
             seen: Any = ("lease", top)
             owner = self._lease_owner(top)
         else:
-            top = int(state["gen"])
-            seen = (top, int(state["seq"]))
+            top = state["gen"]
+            seen = (top, state["seq"])
             owner = state
             if state.get("released"):
                 self._take_over(top + 1, state)
                 return
-        if owner is not None and _dead_here(owner):
+        if owner is not None and dead_here(owner):
             self._take_over(top + 1, state)
             return
         if seen != self._watch[0]:
             self._watch = (seen, now)
         elif now - self._watch[1] > self.ttl_s:
             self._take_over(top + 1, state)
-
-    def _lease_gens(self) -> list[int]:
-        return [int(e.relpath.rsplit("/", 1)[-1]) for e in self.store.list_dir(LEASE_DIR)
-                if e.relpath.rsplit("/", 1)[-1].isdigit()]
-
-    def _lease_owner(self, gen: int) -> dict[str, Any] | None:
-        try:
-            doc: dict[str, Any] = json.loads(self.store.read_bytes(f"{LEASE_DIR}/{gen:012d}"))
-            return doc
-        except (OSError, ValueError):
-            return None
-
-    def _take_over(self, gen: int, state: dict[str, Any] | None) -> None:
-        body = json.dumps({"owner": self.id, "host": host_tag(), "pid": os.getpid()}).encode()
-        if not self.store.put(f"{LEASE_DIR}/{gen:012d}", [body], overwrite=False):
-            self._watch = (None, time.monotonic())  # another engine won this generation: watch it instead
-            return
-        was = state.get("owner") if state is not None else None
-        self.log.info("this engine is now the evictor of the shared root (lease generation %d%s)", gen,
-                      f", after {was}" if was else "")
-        rescan = self._scanned()  # the start-up scan still running will list everything; else list again
-        with self._lock:
-            # Not alone until its first pass has looked: followers of the last evictor may be reading.
-            self.holding = h = _Holding(gen=gen, alone=False)
-            self._pending.clear()  # the evictor indexes its own files directly
-            self._unmerged = 0
-            self._since_pass = self._reserved
-            self._refused = {}
-        if rescan:
-            self._rescan()
-        h.scanned = True
-        for g in self._lease_gens():  # the older generations are history now
-            if g < gen:
-                try:
-                    self.store.delete(f"{LEASE_DIR}/{g:012d}")
-                except OSError:
-                    pass
-        self._evictor_pass()
-
-    def _step_down(self, why: str) -> None:
-        h = self.holding
-        if h is None:
-            return
-        self.log.warning("this engine stopped being the evictor of the shared root: %s", why)
-        with self._lock:
-            self.holding = None
-            self._watch = (None, time.monotonic())
-            self._fresh_at = -1e18
-            self._admitted = False
-        self.index.max_bytes = None
-        self.index.forget(list(h.doomed))  # not deleted: the new evictor's scan finds them on storage
-
-    def _evictor_pass(self) -> None:
-        h = self.holding
-        assert h is not None
-        try:
-            self.store.read_bytes(f"{LEASE_DIR}/{h.gen + 1:012d}")
-            self._step_down(f"lease generation {h.gen + 1} was taken by another engine")
-            return
-        except FileNotFoundError:
-            pass
-        now = time.monotonic()
-        entries = [e.relpath for e in self.store.list_dir(ENGINES_DIR) if e.relpath.endswith(".json")]
-        docs = self._read_all(entries)
-        for rel, doc in zip(entries, docs):
-            if doc is None or doc.get("id") == self.id:
-                continue
-            v = h.views.setdefault(str(doc["id"]), _View(seen_at=now))
-            if int(doc["beat"]) != v.beat:
-                v.beat, v.seen_at = int(doc["beat"]), now
-            ack = doc.get("ack")
-            v.ack = (int(ack[0]), int(ack[1])) if ack else None
-            for seq, op, relpath, size in doc.get("records", ()):
-                if int(seq) <= v.merged:
-                    continue
-                v.merged = int(seq)
-                if op == "w" or op == "r":
-                    if relpath in h.doomed:
-                        continue
-                    if not self.index.touch(relpath) and op == "w":
-                        self.index.add_found(relpath, int(size))
-                elif op == "x":
-                    self.index.remove(relpath)
-            if doc.get("gone") or now - v.seen_at > 3 * self.ttl_s:
-                v.gone = True
-                try:
-                    self.store.delete(rel)
-                except OSError:
-                    pass
-        live = {i: v for i, v in h.views.items() if not v.gone and now - v.seen_at <= self.ttl_s}
-        for i in [i for i, v in h.views.items() if v.gone]:
-            del h.views[i]
-        # Delete what every live follower has let go of (this listing was made after each doom was published).
-        ready = [(rel, size) for rel, (d, size) in h.doomed.items()
-                 if all(v.ack is not None and v.ack[0] == h.gen and v.ack[1] >= d for v in live.values())]
-        if ready:
-            with self._lock:
-                for rel, _ in ready:
-                    del h.doomed[rel]
-            self._delete(ready)
-        with self._lock:
-            h.alone = not live
-            target = shared_target(self.max_bytes, len(live) + 1, self.allowance)
-        # Alone: the store path evicts before each write and deletes at once. Shared: only passes pick victims, by
-        # the indexed bytes alone (doomed files free nothing until deleted: counting them would doom again and again).
-        self.index.max_bytes = self.max_bytes if h.alone else None
-        self.evict(self.index.victims(limit=target))
-        scanned = h.scanned and self._scanned()
-        with self._lock:
-            h.seq += 1
-            held = sum(s for _, s in h.doomed.values())
-            # Admitted stores are in _reserved until they call wrote(), in the index's reserved until add(): the
-            # sum counts a store in flight twice for a moment, never not at all.
-            counted = self.index.used + self.index.reserved + self._reserved + held
-            exposure = [self._exposure(h, v) for v in live.values()]
-            g = grant(self.max_bytes, counted, exposure, self.allowance) if scanned and not h.alone else 0
-            h.grants[h.seq] = g
-            oldest = min((v.ack[1] for v in live.values() if v.ack is not None and v.ack[0] == h.gen), default=h.seq)
-            for seq in [q for q in h.grants if q < oldest]:
-                del h.grants[seq]
-            # The evictor's own writes since this pass: what is in flight now is in the index's reserved already.
-            self._own_grant = g
-            self._since_pass = 0
-            self._room.notify_all()
-            state = {"gen": h.gen, "seq": h.seq, "owner": self.id, "host": host_tag(), "pid": os.getpid(),
-                     "max_bytes": self.max_bytes, "target": target, "allowance": g, "used": counted,
-                     "files": len(self.index), "engines": {i: v.merged for i, v in h.views.items()},
-                     "released": self._closed, "doomed": [[rel, d] for rel, (d, _) in h.doomed.items()]}
-            self._root_state = {k: state[k] for k in ("gen", "used", "files", "target", "max_bytes")}
-            self._root_state["engines"] = len(live) + 1
-        self.store.put(STATE_FILE, [json.dumps(state, separators=(",", ":")).encode()], overwrite=True)
-        h.last_ok = now
-
-    def _exposure(self, h: _Holding, v: _View) -> int:
-        """The largest grant follower ``v`` may still be writing under: any published since the state it last
-        acknowledged (its acknowledgement may be older than what it applied: conservative), or the allowance
-        for one that acknowledged none of this evictor's states."""
-        if v.ack is None or v.ack[0] != h.gen:
-            return self.allowance
-        return max((g for seq, g in h.grants.items() if seq >= v.ack[1]), default=self.allowance)
-
-    def _read_all(self, rels: list[str]) -> list[dict[str, Any] | None]:
-        many = getattr(self.store, "read_many_bytes", None)
-        raw: list[Any] = many(rels) if many is not None else []
-        if many is None:
-            for rel in rels:
-                try:
-                    raw.append(self.store.read_bytes(rel))
-                except OSError as e:
-                    raw.append(e)
-        out: list[dict[str, Any] | None] = []
-        for r in raw:
-            try:
-                doc = json.loads(r) if not isinstance(r, BaseException) else None
-                out.append(doc if isinstance(doc, dict) and "id" in doc and "beat" in doc else None)
-            except ValueError:
-                out.append(None)
-        return out
 
     def close(self) -> None:
         """Leave the root: a follower's last journal says it is gone; the evictor publishes a released state
@@ -560,30 +369,14 @@ class SharedBound:
         with self._room:
             self._closed = True
             self._room.notify_all()  # stores waiting for room fail now
-        try:
+
+        def leave() -> None:
             if self.holding is not None:
                 self._evictor_pass()  # publishes released=True: another engine takes over at once
             else:
-                self.store.put(f"{ENGINES_DIR}/{self.id}.json", [self._journal(gone=True)], overwrite=True)
-        except (OSError, ValueError) as e:
+                self.put_control(f"{ENGINES_DIR}/{self.id}.json", self._journal(gone=True), overwrite=True)
+
+        try:  # bounded: a stuck mount delays shutdown by ttl_s at most (the lease then times out instead)
+            self._stuck.call("close", leave, self.ttl_s)
+        except (OSError, ValueError, TimeoutError) as e:
             self.log.warning("leaving the shared root: %s", e)
-
-
-def _dead_here(owner: dict[str, Any]) -> bool:
-    """Whether the engine that wrote ``owner`` ({"host", "pid"}) is a process of this kernel boot and PID
-    namespace that no longer runs (then its lease is not waited out)."""
-    if owner.get("host") != host_tag():
-        return False
-    try:
-        pid = int(owner.get("pid", 0))
-    except (TypeError, ValueError):
-        return False
-    if pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False

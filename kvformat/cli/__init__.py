@@ -18,7 +18,7 @@ from ..errors import KVFormatError, UsageError
 from ._args import (
     EXIT_BAD, EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE, build_parser,
 )
-from ._util import human, iso, progress_wanted, shown
+from ._util import human, iso, progress_wanted, shown, terminal_safe
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -29,7 +29,7 @@ class _StdoutClosed(Exception):
 
 def _out(text: str = "") -> None:
     try:
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(terminal_safe(text) + "\n")
     except BrokenPipeError:
         raise _StdoutClosed() from None
 
@@ -41,7 +41,7 @@ def _emit(obj: Any) -> None:
 
 def _err(cmd: str | None, msg: str) -> None:
     try:
-        sys.stderr.write(f"kvformat{' ' + cmd if cmd else ''}: {msg}\n")
+        sys.stderr.write(terminal_safe(f"kvformat{' ' + cmd if cmd else ''}: {msg}") + "\n")
         sys.stderr.flush()
     except (BrokenPipeError, ValueError):
         pass

@@ -29,7 +29,7 @@ def _exit_codes_text() -> str:
 
 
 def _epilog(examples: str) -> str:
-    return f"examples:\n{examples}\n\n{_exit_codes_text()}\n\nsee docs/cli.md for the --json schemas."
+    return f"examples:\n{examples}\n\n{_exit_codes_text()}\n\n--json schema: docs/schema/kvformat-cli.schema.json."
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -44,7 +44,7 @@ def _sub(sub: Any, name: str, help_: str, description: str, examples: str) -> ar
 
 def _common(s: argparse.ArgumentParser, *, progress: bool = True) -> None:
     s.add_argument("--json", action="store_true",
-                   help="print one JSON document on stdout instead of text (schema in docs/cli.md)")
+                   help="print one JSON document on stdout, not text (schema: docs/schema/kvformat-cli.schema.json)")
     if progress:
         s.add_argument("--quiet", "-q", action="store_true",
                        help="no progress bar (progress is drawn on stderr only when it is a terminal)")

@@ -30,6 +30,7 @@ __all__ = [
     "shown",
     "size_arg",
     "table",
+    "terminal_safe",
 ]
 
 MAX_JOBS = 256  # the tier's read_threads/write_threads bound too
@@ -59,10 +60,32 @@ def shown(text: str) -> str:
             out.append("\\n")
         elif ch == "\t":
             out.append("\\t")
-        elif o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or 0xD800 <= o <= 0xDFFF:
-            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+        elif not ch.isprintable() and ch != " ":  # C0, DEL, C1, bidi overrides, separators, unassigned
+            out.append(_escape(o))
         else:
             out.append(ch)
+    return "".join(out)
+
+
+def _escape(o: int) -> str:
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every non-printable character but newlines escaped: the last line of defence of all human
+    output (a header string or an error message may carry C0/C1 controls that a terminal would obey).
+    Backslashes are kept, so text already passed through :func:`shown` is unchanged."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if ch == "\n" or ch == " " or ch.isprintable():
+            out.append(ch)
+        elif 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
+        else:
+            out.append(_escape(o))
     return "".join(out)
 
 

@@ -64,7 +64,11 @@ def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, proven
     elif codec == "zstd":
         parse_uint("kvf.level", level, maximum=22)  # refuse before spending time compressing
         data = _codec.compress(mv, level)
-        dx = xxh3_hex(data)
+        if len(mv) > _codec.decoded_limit(len(data)):  # readers refuse it: store it plain, still readable
+            codec, data = "none", mv
+            dx = raw
+        else:
+            dx = xxh3_hex(data)
     else:
         raise SchemaError("codec", f"expected none or zstd, got {codec!r}")
     prov = provenance or Provenance()
@@ -212,6 +216,7 @@ def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None =
     if dst is None:
         if verify:  # a corrupt frame is refused before the payload-sized allocation
             _check_stored(hdr, data)
+        _codec.check_bounds(len(data), hdr.raw_bytes)  # a bomb is refused before the allocation too
         dst = memoryview(bytearray(hdr.raw_bytes))
         if verify:
             verify_data(hdr, data, dst, stored_checked=True)

@@ -8,6 +8,25 @@ from ..errors import CodecError
 
 _zstd: Any = None
 
+# The decompression cap (docs/cli.md): a frame may decode to at most MAX_RATIO times its own size (plus a
+# small floor, so an all-zero block still compresses) and never past MAX_DECODED_BYTES. Checked from the
+# header's sizes before any payload-sized allocation: a 36 KB frame cannot make a reader allocate 1 GiB.
+MAX_RATIO = 256
+RATIO_FLOOR_BYTES = 1 << 20
+MAX_DECODED_BYTES = 1 << 32
+
+
+def decoded_limit(compressed_bytes: int) -> int:
+    """The most bytes a frame of ``compressed_bytes`` may decode to (the ratio cap and the size cap)."""
+    return min(MAX_DECODED_BYTES, max(RATIO_FLOOR_BYTES, MAX_RATIO * compressed_bytes))
+
+
+def check_bounds(compressed_bytes: int, decoded_bytes: int) -> None:
+    """Raise CodecError if ``decoded_bytes`` is over the cap for a frame of ``compressed_bytes``."""
+    if decoded_bytes > decoded_limit(compressed_bytes):
+        raise CodecError(f"a zstd frame of {compressed_bytes} bytes declares {decoded_bytes} decoded bytes: over "
+                         f"the decompression cap (ratio {MAX_RATIO}, at most {MAX_DECODED_BYTES} bytes)")
+
 
 def _mod() -> Any:
     global _zstd
@@ -33,6 +52,7 @@ def decompress_into(frame: Any, out: memoryview) -> None:
     Refuses a frame whose declared content size differs from ``len(out)`` before decoding,
     so a frame lying about its size can never write past ``out`` or allocate more.
     """
+    check_bounds(len(frame), len(out))
     z = _mod()
     try:
         declared = z.frame_content_size(frame)

@@ -11,7 +11,7 @@ import time
 from typing import Any, Mapping
 
 from ._block import decode, encode_block
-from ._read import FileSource, read_header_from, read_payload_from
+from ._read import FileSource, read_header_from, read_payload_from, payload_buffer
 from ._seal import Keyring
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
 from ._write import write_atomic
@@ -109,7 +109,7 @@ def verify_file(path: str | os.PathLike[str], *, keys: Keyring | None = None) ->
     try:
         with FileSource(p) as src:
             hdr = read_header_from(src, True)
-            return read_payload_from(src, bytearray(hdr.raw_bytes), verify=True, keys=keys, stored_only=keys is None)
+            return read_payload_from(src, payload_buffer(hdr), verify=True, keys=keys, stored_only=keys is None)
     except KVFormatError as e:
         raise e.with_path(p) from None
 

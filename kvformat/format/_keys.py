@@ -7,6 +7,8 @@ ignored): ``openssl rand -hex 32 > key`` makes one. Errors name the source, neve
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import stat
@@ -29,11 +31,40 @@ def looks_like_key(value: str) -> bool:
     return bool(_HEX_KEY.fullmatch(value.strip().encode()))
 
 
+_HEXISH = re.compile(r"(0[xX])?[0-9a-fA-F]{32,}")
+_B64ISH = re.compile(r"[A-Za-z0-9+/_-]{22,}={0,2}")
+_SHOWN_INSTEAD = "(a value that looks like key material, not shown)"
+
+
+def _key_like(value: str) -> bool:
+    # Hex (with or without 0x) or base64 text of 16+ bytes that names no file: key material, whatever its
+    # exact length, so neither a refusal nor a "no such file" error may echo it.
+    v = value.strip()
+    if v.startswith(ENV_PREFIX) or os.path.lexists(v) or os.path.dirname(v) not in ("", "/") and os.path.isdir(
+            os.path.dirname(v)):  # a missing file in an existing directory: a path, shown as given
+        return False
+    if _HEXISH.fullmatch(v):
+        return True
+    if _B64ISH.fullmatch(v):
+        t = v.replace("-", "+").replace("_", "/")
+        try:
+            return len(base64.b64decode(t + "=" * (-len(t) % 4), validate=True)) >= 16
+        except (binascii.Error, ValueError):
+            return False
+    return False
+
+
+def _shown(source: str) -> str:
+    """How an error names ``source``: never the key itself."""
+    return _SHOWN_INSTEAD if _key_like(source) else source
+
+
 def _parse(source: str, raw: bytes) -> SealKey:
     text = raw.strip()
     if not _HEX_KEY.fullmatch(text):
-        raise KeySourceError(source, f"expected one key of {SEAL_KEY_BYTES} bytes as {2 * SEAL_KEY_BYTES} hex digits "
-                                     f"(e.g. from `openssl rand -hex {SEAL_KEY_BYTES}`), found {len(text)} other bytes")
+        raise KeySourceError(_shown(source), f"expected one key of {SEAL_KEY_BYTES} bytes as {2 * SEAL_KEY_BYTES} "
+                             f"hex digits (e.g. from `openssl rand -hex {SEAL_KEY_BYTES}`), found {len(text)} "
+                             "other bytes")
     return SealKey(bytes.fromhex(text.decode()))
 
 
@@ -45,7 +76,7 @@ def load_key(source: str) -> SealKey:
     """
     if not isinstance(source, str) or not source.strip():
         raise KeySourceError(repr(source), "expected a key file path or env:NAME")
-    if looks_like_key(source):
+    if looks_like_key(source) or _key_like(source):
         raise KeySourceError("(a literal key)", "give a key file path or env:NAME; a key written into a "
                              "configuration leaks into logs and process listings")
     if source.startswith(ENV_PREFIX):
@@ -57,7 +88,7 @@ def load_key(source: str) -> SealKey:
     try:
         raw = _read_key_file(source)
     except OSError as e:
-        raise KeySourceError(source, e.strerror or type(e).__name__) from None
+        raise KeySourceError(_shown(source), e.strerror or type(e).__name__) from None
     return _parse(source, raw)
 
 

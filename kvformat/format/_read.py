@@ -258,6 +258,15 @@ def read_payload_from(src: Source, out: Any, *, expect: CanonicalLayout | None =
     return hdr
 
 
+def payload_buffer(hdr: BlockHeader) -> bytearray:
+    """A buffer for ``hdr``'s decoded payload, allocated only once the decompression cap holds (CodecError)."""
+    if hdr.codec != "none":
+        from . import _codec
+
+        _codec.check_bounds(hdr.data_bytes, hdr.raw_bytes)
+    return bytearray(hdr.raw_bytes)
+
+
 def _open_regular(p: str) -> int:
     return _open_regular_stat(p)[0]
 

@@ -269,7 +269,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
 
     assert store is not None
     worker = Converter(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode,
-                       keys=keys)
+                       keys=keys, src_root=src if os.path.isdir(src) else None)
     bar = progress
     bar.add_total(len(tasks), sum(t.file.size for t in tasks))
     for ig in rep.ignored:

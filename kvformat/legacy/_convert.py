@@ -21,6 +21,7 @@ from ..format._seal import Keyring
 from ..errors import KVFormatError, ReplicaMismatchError
 from ._rows import LegacyFile, RowLayout, extract_payload, key_for, provenance_for
 from ..storage import LocalStore, Store
+from ..storage._safepath import MOVED as UNLINKED, open_in, unlink_in
 
 WRITER = f"kvformat-compact {__version__}"  # fixed: outputs must not depend on when/where they were made
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -59,6 +60,7 @@ class Converter:
     fsync: bool
     mode: int | None = None
     keys: Keyring | None = None  # sealed outputs (spec §12): the first key seals, every key opens
+    src_root: str | None = None  # sources are opened and deleted from a descriptor of it, never through a symlink
 
     def __post_init__(self) -> None:
         self._tls = threading.local()
@@ -102,7 +104,7 @@ class Converter:
                 self._carry_mtime(f.path, t.rel)  # a run killed between rename and utime left "now"
                 self._maybe_delete(res)
                 return res
-            fd = os.open(f.path, os.O_RDONLY | _O_CLOEXEC)
+            fd = self._open_source(f.path)
             mm = None
             try:
                 st = os.fstat(fd)
@@ -139,7 +141,7 @@ class Converter:
                 if not self._valid_output(t, full=True):
                     return FileResult("failed", f.path, t.rel, f.size, error="output did not verify after writing; "
                                       "source kept", reason="VerifyFailed")
-                self._maybe_delete(res)
+                self._maybe_delete(res, (st.st_dev, st.st_ino))  # only the file converted, not one swapped in
             return res
         except ReplicaMismatchError as e:
             return FileResult("failed", f.path, t.rel, f.size, error=e.message, reason=e.reason)
@@ -170,13 +172,23 @@ class Converter:
         except (KVFormatError, FileNotFoundError):
             return t.after
 
-    def _maybe_delete(self, res: FileResult) -> None:
-        if self.delete_source:
+    def _open_source(self, path: str) -> int:
+        if self.src_root is None:
+            return os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        return open_in(self.src_root, os.path.relpath(path, self.src_root).replace(os.sep, "/"))
+
+    def _maybe_delete(self, res: FileResult, expect: tuple[int, int] | None = None) -> None:
+        if not self.delete_source:
+            return
+        if self.src_root is None:
             try:
                 os.unlink(res.src)
                 res.deleted = True
             except FileNotFoundError:
                 pass
+            return
+        rel = os.path.relpath(res.src, self.src_root).replace(os.sep, "/")
+        res.deleted = unlink_in(self.src_root, rel, expect) == UNLINKED
 
 
 _PAGE = mmap.PAGESIZE

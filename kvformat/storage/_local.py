@@ -15,7 +15,8 @@ from ..format._files import iter_files
 from ..format._read import _O_DIRECT, FileId, FileSource
 from ..format._write import TMP_PREFIX, temp_writer_gone, write_atomic
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
-from ..errors import KVFormatError
+from ._safepath import GONE as GONE_OUT, MOVED as MOVED_OUT, link_in, rename_in, unlink_in
+from ..errors import KVFormatError, PathEscapeError
 from ._base import GONE, MOVED, REPLACED, Store, StoreEntry
 
 
@@ -74,11 +75,8 @@ class LocalStore(Store):
     def _delete_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool | BaseException]:
         out: builtins.list[bool | BaseException] = []
         for rel in relpaths:
-            try:
-                os.unlink(self._abs(rel))
-                out.append(True)
-            except FileNotFoundError:
-                out.append(False)
+            try:  # from a descriptor of the root: a journal naming a path through a symlink deletes nothing outside
+                out.append(unlink_in(self.root, rel) == MOVED_OUT)
             except OSError as e:
                 out.append(e)
         return out
@@ -89,11 +87,7 @@ class LocalStore(Store):
         _refuse_symlinks(self.root, os.path.dirname(d))
         os.makedirs(os.path.dirname(d), exist_ok=True)
         if file_id is None:
-            try:
-                os.replace(s, d)
-            except FileNotFoundError:
-                return GONE
-            return MOVED
+            return GONE if rename_in(self.root, src, dst) == GONE else MOVED
         return self._move_if_same(s, d, file_id)
 
     def _move_if_same(self, src: str, dst: str, file_id: FileId) -> str:
@@ -121,18 +115,23 @@ class LocalStore(Store):
         except FileNotFoundError:
             return GONE
         if file_id.same_file(os.lstat(aside)):
-            os.replace(aside, dst)
+            rename_in(self.root, self._rel(aside), self._rel(dst))
             return MOVED
         try:
-            os.link(aside, src)
+            link_in(self.root, self._rel(aside), self._rel(src))
         except FileExistsError:  # a newer file took the name: the one taken aside is redundant
             pass
-        os.unlink(aside)
+        unlink_in(self.root, self._rel(aside))
         return REPLACED
+
+    def _rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
 
     def _rename_aside(self, src: str, aside: str) -> None:
         # One method, so that a test can publish a file in the window between the check and the rename.
-        os.rename(src, aside)
+        # From a descriptor of the root: a directory on src's path that is a symlink stops it (PathEscapeError).
+        if rename_in(self.root, self._rel(src), self._rel(aside)) == GONE_OUT:
+            raise FileNotFoundError(errno.ENOENT, "gone since the check", src)
 
     def _exists_many(self, relpaths: Sequence[str], timeout_s: float | None) -> builtins.list[bool]:
         return [os.path.isfile(self._abs(r)) for r in relpaths]
@@ -203,11 +202,14 @@ class LocalStore(Store):
                 if name.startswith(TMP_PREFIX):
                     p = os.path.join(dirpath, name)
                     try:
-                        if (now - os.lstat(p).st_mtime >= older_than_s
-                                or (dead_writers and temp_writer_gone(name))):
-                            os.unlink(p)
-                            n += 1
+                        st = os.lstat(p)
+                        if (now - st.st_mtime >= older_than_s or (dead_writers and temp_writer_gone(name))):
+                            # from the root's descriptor, that inode only: a directory swapped for a symlink
+                            # since the walk deletes nothing outside (PathEscapeError: skipped)
+                            n += unlink_in(self.root, self._rel(p), (st.st_dev, st.st_ino)) == MOVED_OUT
                     except FileNotFoundError:
+                        pass
+                    except PathEscapeError:
                         pass
         return n
 
