@@ -36,6 +36,13 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return str(value)  # one of ``choices``: already a str
 
 
+def _locality(value: Any) -> str:
+    # Named as vLLM's own tiers name it (its Locality enum), so a caller matching vLLM's refusal matches ours.
+    if value not in ("LOCAL", "REMOTE"):
+        raise SchemaError("locality", f"{value!r} is not a valid Locality: expected one of LOCAL, REMOTE")
+    return str(value)
+
+
 def _number(name: str, value: Any, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
         raise SchemaError(name, f"expected a number in {lo:g}..{hi:g}, got {value!r}")
@@ -110,8 +117,7 @@ class TierConfig:
             model_revision=rev,
             storage_options=dict(so),
             enable_kv_events=kw.get("enable_kv_events", False),
-            locality=_choice("locality", kw["locality"], ("LOCAL", "REMOTE")) if kw.get("locality") is not None
-            else None,
+            locality=_locality(kw["locality"]) if kw.get("locality") is not None else None,
             start_degraded=kw.get("start_degraded", False),
             shared_allowance=parse_size("shared_allowance", kw.get("shared_allowance")),
             shared_interval_s=_number("shared_interval_s", kw.get("shared_interval_s", 1.0), 0.01, 60.0),

@@ -43,7 +43,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter, OrderedDict
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 class LRUIndex:
@@ -288,7 +288,7 @@ class LRUIndex:
         with self._lock:
             for rel, size in victims:
                 self._undoom_locked(rel)
-                if rel in self._hot or rel in self._cold or self._doomed.get(rel):
+                if rel in self or self._doomed.get(rel):
                     continue  # indexed again meanwhile (a store rewrote it), or another eviction of it is pending
                 self._hot[rel] = size
                 self._hot.move_to_end(rel, last=False)
@@ -319,6 +319,15 @@ class LRUIndex:
         with self._lock:
             return sum(self._doomed.values())
 
+    def _order_locked(self) -> Iterator[tuple[str, int]]:
+        """The touched files, next victim first (a subclass with segments chains them)."""
+        return iter(self._hot.items())
+
+    def _unlist_locked(self, rel: str, size: int) -> None:
+        """Take a victim picked from :meth:`_order_locked` out of the index."""
+        del self._hot[rel]
+        self._used -= size
+
     def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
         bound = self.max_bytes if limit is None else limit
         if bound is None:
@@ -346,7 +355,7 @@ class LRUIndex:
             self._heap.clear()  # only stale rows are left
         if excess > 0:
             picked = []
-            for rel, size in self._hot.items():  # iterate, never copy: O(victims + pinned skipped)
+            for rel, size in self._order_locked():  # iterate, never copy: O(victims + pinned skipped)
                 if excess <= 0:
                     break
                 if rel in self._pins or rel == keep or rel in self._stuck:
@@ -354,8 +363,7 @@ class LRUIndex:
                 picked.append((rel, size))
                 excess -= size
             for rel, size in picked:
-                del self._hot[rel]
-                self._used -= size
+                self._unlist_locked(rel, size)
             out += picked
         if excess > 0 and self._stuck:  # nothing else makes room: try the files whose delete failed again
             for rel in sorted(self._stuck):
@@ -388,7 +396,7 @@ class LRUIndex:
         with self._lock:
             gone = self._removed_during_scan or ()
             for rel, size, mtime in found:
-                if (rel in gone or rel in self._hot or rel in self._cold or self._doomed.get(rel)
+                if (rel in gone or rel in self or self._doomed.get(rel)
                         or self._writing.get(rel)):
                     continue
                 self._cold[rel] = (size, mtime)
