@@ -160,3 +160,24 @@ def _played_platform(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     import kvformat.vllm._facts as facts
 
     monkeypatch.setattr(facts, "vllm_platform", lambda: name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _vllm_lines_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier logs under vLLM's "vllm" logger on purpose (vLLM's handlers and levels apply to its lines). A test
+    that runs a tool in-process (parallel_matrix quiets that logger to ERROR) or builds a vLLM config (vLLM's
+    logging config stops the logger's propagation) would change it for every later test, whose caplog would then
+    see none of the tier's warnings: failures that depend on test order. Each test gets the logger as a fresh
+    process has it."""
+    import logging
+
+    if "vllm" in logging.Logger.manager.loggerDict:
+        log = logging.getLogger("vllm")
+        monkeypatch.setattr(log, "propagate", True)
+        monkeypatch.setattr(log, "level", logging.NOTSET)
+        logging.Logger.manager._clear_cache()  # type: ignore[attr-defined]  # effective levels are cached
+
+
+# tests/e2e runs real engines from vLLM's CPU build in its own venv and CI step (tools/e2e.sh); the main
+# suite keeps its engine versions and never collects it.
+collect_ignore = ["e2e"]

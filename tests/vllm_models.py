@@ -47,7 +47,9 @@ def _mla(bs: int, dtype: str) -> Any:
     if dtype == "fp8":
         return MLAAttentionSpec(block_size=bs, num_kv_heads=1, max_tp_shards=1, head_size=576, dtype=torch.uint8,
                                 cache_dtype_str="fp8")
-    return MLAAttentionSpec(block_size=bs, num_kv_heads=1, max_tp_shards=1, head_size=576, dtype=torch.bfloat16)
+    # vLLM's MLA layers pass their kv_cache_dtype, "auto" by default (mla_attention.py: cache_dtype_str=...)
+    return MLAAttentionSpec(block_size=bs, num_kv_heads=1, max_tp_shards=1, head_size=576, dtype=torch.bfloat16,
+                            cache_dtype_str="auto")
 
 
 def _indexer(bs: int) -> Any:

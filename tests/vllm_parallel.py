@@ -58,7 +58,8 @@ class ParallelDeployment(Deployment):
 
     def __init__(self, family: str | Family, tiers: Sequence[Mapping[str, Any]], *, tp: int = 1, pp: int = 1,
                  dcp: int = 1, block_size: int = 64, bpc: int = 1, n_layers: int = 8, interleave: int = 1,
-                 num_chunks: int = 8, partition: str | None = None, pcp: int = 1, oracle: bool = False) -> None:
+                 num_chunks: int = 8, partition: str | None = None, pcp: int = 1,
+                 oracle: bool | None = False) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
         from vllm.v1.core import kv_cache_planning as P
@@ -123,8 +124,18 @@ class ParallelDeployment(Deployment):
         self.stage_layers = [tuple(kcs[s * tp * pcp].kv_cache_groups[0].layer_names) for s in range(pp)]
         self.layers = tuple(n for st in self.stage_layers for n in st) if pp > 1 else self.stage_layers[0]
         self.layers = tuple(sorted(self.layers, key=lambda n: (int(n.split(".")[2]), n.endswith("k_cache"))))
+        if self.oracle is None:  # wherever vLLM's writers run here: MLA and DSA indexer layers
+            self.oracle = self.oracle_covers()
 
     # -- the model's KV and what each worker holds -------------------------------------------------
+    def oracle_covers(self) -> bool:
+        """Whether vLLM's own writers (tests/vllm_writers.py) write every layer of this deployment: the DSA
+        families (MLA latent + indexer layers). Latent-only families keep the token-row model (their pages are
+        token rows on every platform; the writers' FP8 MLA page is not every fp8 family's page)."""
+        specs = self.family.specs(2, 64)
+        return (any("indexer" in n for n in specs)
+                and all(type(spec).__name__ == "MLAAttentionSpec" for spec in specs.values()))
+
     def _page(self, gpu: Any, name: str) -> int:
         v = gpu.layers[name][0]
         return int(v.numel() * v.element_size())

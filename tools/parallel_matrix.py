@@ -17,8 +17,9 @@ hashes the same ``--logical``-token blocks (vLLM hashes a DCP deployment's block
         [--platform cuda] [--oracle]
 
 ``--platform`` is the platform the played workers run on (this machine's vLLM reports none): it decides the
-pages' FP8 flavour and the DSA indexer's order. ``--oracle`` has vLLM's own writers produce every page
-(tests/vllm_writers.py; MLA + DSA families only), e.g. the DSA + DCP matrix on ROCm's shuffled indexer:
+pages' FP8 flavour and the DSA indexer's order. vLLM's own writers produce every page wherever they run here
+(tests/vllm_writers.py: the DSA families), so the default and ``--oracle`` (which requires them) give one
+verdict; other families keep kvformat's model of a page. E.g. the DSA + DCP matrix on ROCm's shuffled indexer:
 
     python tools/parallel_matrix.py --family glm-5-fp8 --oracle --platform rocm --layers 2 --chunks 1 --bpc 1 \
         --interleave 8 --layouts TP1,DCP2xTP2,DCP4xTP4,PP2xDCP2xTP2
@@ -62,7 +63,7 @@ def deploy(layout: str, root: str, a: argparse.Namespace) -> ParallelDeployment:
     tp, pp, dcp, pcp = parse_layout(layout)
     return ParallelDeployment(a.family, [kvformat_tier(root)], tp=tp, pp=pp, dcp=dcp, pcp=pcp,
                               block_size=a.logical // dcp, bpc=a.bpc, n_layers=a.layers, interleave=a.interleave,
-                              num_chunks=2 * a.chunks + 2, oracle=a.oracle)
+                              num_chunks=2 * a.chunks + 2, oracle=True if a.oracle else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interleave", type=int, default=1, help="vLLM's cp_kv_cache_interleave_size")
     ap.add_argument("--layouts", default=DEFAULT_LAYOUTS)
     ap.add_argument("--platform", default="cuda", help="the workers' platform (kvformat.layout.PLATFORMS)")
-    ap.add_argument("--oracle", action="store_true", help="pages written by vLLM's own writers (DSA families)")
+    # One page model: vLLM's own writers wherever they run here (the DSA families), kvformat's model of a
+    # page only where they do not (its DSA indexer pages disagreed with vLLM's: issue 32).
+    ap.add_argument("--oracle", action="store_true", help="require vLLM's own writers (fail where they do not run)")
     a = ap.parse_args(argv)
     import kvformat.vllm._facts as facts
 
     facts.vllm_platform = lambda: a.platform  # type: ignore[assignment]  # the played workers' platform
-    logging.getLogger("vllm").setLevel(logging.ERROR)
+    quiet, level = logging.getLogger("vllm"), logging.getLogger("vllm").level
+    quiet.setLevel(logging.ERROR)  # restored on return: tests run this in-process
     layouts = [s.strip() for s in a.layouts.split(",") if s.strip()]
     keys = make_keys(a.chunks, "matrix")
     seeds = {k: f"seed{i}" for i, k in enumerate(keys)}
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                                  else "MISS" if any(v is None for v in got.values()) else "WRONG")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        quiet.setLevel(level)
     width = max(9, *(len(x) for x in layouts))
     print(f"family {a.family}, {a.layers} layers, {a.chunks} chunks x {a.bpc} blocks of {a.logical} tokens, "
           f"interleave {a.interleave}; rows: writer, columns: reader ({time.monotonic() - t0:.1f} s)")

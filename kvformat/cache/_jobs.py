@@ -40,7 +40,12 @@ class JobBook:
     transfer_time=…, transfer_bytes=…)``) for :meth:`take_finished`.
 
     ``on_stored(job, keys)`` (None: no events) sees the keys of a store job now on storage;
-    ``mark_miss(keys)`` the keys a load failed on, which stay in :attr:`failed` until stored again.
+    ``mark_miss(keys)`` the keys a load failed on. A failed load is a miss for its own request only (vLLM's
+    tiers override just that request's cached verdict): its keys stay in :attr:`failed` under the request's id
+    until the request ends (:meth:`forget_request`) or they are stored again. A cause that concerns every
+    request (a corrupt file) is the engine's to act on: it quarantines the file, a miss for all.
+    Jobs without a request (vLLM 0.33's TransferJob has no req_context) file under ``None``: a miss for every
+    request until the key is stored again, as before.
     """
 
     pool: DualPool
@@ -52,8 +57,8 @@ class JobBook:
     _jobs_finished: list[Any] = field(default_factory=list, init=False)
     _store_outcomes: list[list[tuple[Any, Any]]] = field(default_factory=list, init=False)
     _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    _load_keys: dict[Any, list[Any]] = field(default_factory=dict, init=False)
-    failed: set[Any] = field(default_factory=set, init=False)
+    _load_keys: dict[Any, tuple[list[Any], Any]] = field(default_factory=dict, init=False)
+    failed: dict[Any, set[Any]] = field(default_factory=dict, init=False)  # request id (or None) -> keys
 
     def submit(self, job_id: Any, keys: list[Any], chunk_ids: Iterable[Any], *, load: bool,
                req_context: Any = None, targets: list[tuple[RowEngine | None, str | None]] | None = None) -> None:
@@ -61,7 +66,7 @@ class JobBook:
         for adapters whose key -> file mapping depends on the request (the token-chain key scheme)."""
         job = Job(job_id, keys, is_load=load, req_context=req_context)
         if load:
-            self._load_keys[job.job_id] = keys
+            self._load_keys[job.job_id] = (keys, getattr(req_context, "req_id", None))
         if not keys:
             with self._finished_lock:
                 self._jobs_finished.append(self.make_result(job.job_id, True, transfer_time=0.0, transfer_bytes=0))
@@ -152,17 +157,27 @@ class JobBook:
                 # EXISTS counts too: after a transient failure (storage briefly unreachable) the re-store
                 # finds the file still there, and the key must become loadable again.
                 if r in (WRITTEN, EXISTS):
-                    self.failed.discard(k)
+                    for keys_failed in self.failed.values():
+                        keys_failed.discard(k)
         for res in done:
-            keys = self._load_keys.pop(res.job_id, None)
-            if keys is not None and not res.success:
+            entry = self._load_keys.pop(res.job_id, None)
+            if entry is not None and not res.success:
+                keys, req_id = entry
                 ok = set(res.successful_keys or ())
                 failed = [k for k in keys if k not in ok]
-                if len(self.failed) > 1_000_000:
+                if sum(len(v) for v in self.failed.values()) > 1_000_000:
                     self.failed.clear()
-                self.failed.update(failed)
+                self.failed.setdefault(req_id, set()).update(failed)
                 self.mark_miss(failed)
         return done
+
+    def failed_for(self, key: Any, req_id: Any) -> bool:
+        """Whether a load of ``key`` failed for request ``req_id`` (or for a job of no known request)."""
+        return key in self.failed.get(req_id, ()) or key in self.failed.get(None, ())
+
+    def forget_request(self, req_id: Any) -> None:
+        """The request ended: its failed loads no longer decide anything."""
+        self.failed.pop(req_id, None)
 
 
 class CounterReport:

@@ -23,8 +23,19 @@ from ._lru import LRUIndex
 from ._rows import RowEngine
 from ._scan import ScanProgress
 from ._shared import SharedBound, default_allowance
+from ._shared_mac import ControlMac
 
-__all__ = ["RootOps"]
+__all__ = ["RootOps", "rescan_interval"]
+
+_UNJOURNALED = "rescan:unjournaled"  # the log-once reason of files found by the periodic listing
+
+
+def rescan_interval(shared_interval_s: float) -> float:
+    """Seconds between the evictor's periodic listings of the whole root. Journals tell it what bounded engines
+    of this root write; the listing finds what no journal names (a writer under a retired key id or another
+    namespace, an unbounded or foreign writer, files copied in), which must count toward the one bound too.
+    A listing costs one pass over the tree, so it runs far less often than the shared ticks."""
+    return max(60.0 * shared_interval_s, 3.0)
 
 
 class RootOps:
@@ -46,6 +57,9 @@ class RootOps:
         self.scan = threading.Thread(target=self._scan, name="kvformat_scan", daemon=True)
         self._keeper = threading.Thread(target=self._keep, name="kvformat_keeper", daemon=True)
         self._summary_logged = False
+        self._rescanner: threading.Thread | None = None
+        self._next_rescan = time.monotonic() + rescan_interval(cfg.shared_interval_s)
+        self._scan_lock = threading.Lock()  # one listing at a time: each scan brackets the index's removals
 
     @property
     def counters(self) -> Any:
@@ -69,7 +83,9 @@ class RootOps:
                 self.store, self.index, max_bytes=self.cfg.max_bytes, log=self.log, counters=main.counters,
                 allowance=self.cfg.shared_allowance or default_allowance(self.cfg.max_bytes, self.file_bytes),
                 delete=main.delete_now, rescan=lambda: self._rescan(), scanned=lambda: self.progress.done,
-                interval_s=self.cfg.shared_interval_s)
+                interval_s=self.cfg.shared_interval_s,
+                # A sealed root's engines all hold the key: their control records are MAC'd under it (issue 31)
+                mac=ControlMac.of(main.keys) if main.keys is not None else None)
             for eng in self.engines:
                 eng.shared = self.shared
             if self.health.usable:
@@ -105,9 +121,32 @@ class RootOps:
     def _rescan(self) -> None:
         """The evictor's rescan on taking over (on the housekeeping thread, after the start-up scan ended)."""
         p = ScanProgress()
-        self.engines[0].scan(self.stop, p)
+        with self._scan_lock:
+            self.engines[0].scan(self.stop, p)
+        self._next_rescan = time.monotonic() + rescan_interval(self.cfg.shared_interval_s)
         self.log.info("rescanned the shared root as its new evictor: %d files (%s) in %.1f s", p.files,
                       format_size(p.bytes), p.seconds)
+
+    def _maybe_rescan(self, now: float) -> None:
+        """The evictor lists the root every :func:`rescan_interval`, on a thread of its own (a big tree must not
+        hold up the ticks followers wait on), and counts every file found that it did not know of."""
+        sb = self.shared
+        if (sb is None or not sb.is_evictor or not self.progress.done or now < self._next_rescan
+                or (self._rescanner is not None and self._rescanner.is_alive())):
+            return
+        self._next_rescan = now + rescan_interval(self.cfg.shared_interval_s)
+
+        def run() -> None:
+            p = ScanProgress()
+            with self._scan_lock:
+                self.engines[0].scan(self.stop, p)
+            if p.indexed:
+                self.log.warn(_UNJOURNALED, "the periodic listing of the root found %d file(s) no journal "
+                              "named (written under another key id or namespace, by an unbounded writer, or "
+                              "copied in): counted toward max_bytes now", p.indexed)
+
+        self._rescanner = threading.Thread(target=run, name="kvformat_rescan", daemon=True)
+        self._rescanner.start()
 
     def _keep(self) -> None:
         interval = self.cfg.shared_interval_s
@@ -131,6 +170,7 @@ class RootOps:
                 next_tick = now + interval
                 if usable and self.shared is not None:
                     self.shared.tick()
+                    self._maybe_rescan(now)
                 self.log.flush()
                 if self.progress.done and not self._summary_logged:
                     self._summary_logged = True
@@ -166,6 +206,7 @@ class RootOps:
             out["evictor"] = int(bool(view.get("evictor")))
             out["root_engines"] = int(view.get("engines") or 1)
             out["root_used_bytes"] = int(view.get("used") or (self.index.used if view.get("evictor") else 0))
+            out["control_rejected"] = sum(view.get("control_rejected", {}).values())  # issue 31: bad control records
         return out
 
     def close(self, timeout_s: float = 5.0) -> None:

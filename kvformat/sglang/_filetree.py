@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 from .._version import __version__
 from ..cache._keyscheme import ENGINE
-from ..errors import SchemaError
+from ..errors import PathEscapeError, SchemaError
 from ..format._spec import BlockKey, Provenance
 from ..storage import open_store
+from ..storage._safepath import MOVED, open_in, unlink_in
 from ._facts import _ITEM, _ST, HOST_LAYOUTS, PageFacts, page_plan
 
 __all__ = ["SGLangCompactReport", "compact_sglang"]
@@ -76,22 +78,36 @@ def compact_sglang(src: str, dst: str, *, model: str, n_layers: int, page_tokens
     prov = Provenance(row="unknown", writer=f"kvformat {__version__} compact (sglang file backend, {host_layout})")
     scratch = memoryview(bytearray(size))
     for name in sorted(os.listdir(src)):
-        path = os.path.join(src, name)
-        if not name.endswith(".bin") or not os.path.isfile(path) or os.path.islink(path):
+        if not name.endswith(".bin"):
             continue
-        rep.seen += 1
-        m = _NAME.fullmatch(name)
-        if m is None:
-            rep.skip("not a KV page (a sidecar pool's page or another name)")
+        # Opened from the directory without following a symlink, and deleted only if the name still holds the
+        # inode that was read: a name swapped by someone else between the read and the delete is left alone.
+        try:
+            fd = open_in(src, name)
+        except (PathEscapeError, IsADirectoryError, FileNotFoundError):
             continue
-        if m["suffix"] != suffix:
-            rep.skip("another model, or a pipeline stage / context-parallel / DCP / head-sharded writer's part")
-            continue
-        if os.path.getsize(path) != size:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            rep.seen += 1
+            m = _NAME.fullmatch(name)
+            if m is None:
+                rep.skip("not a KV page (a sidecar pool's page or another name)")
+                continue
+            if m["suffix"] != suffix:
+                rep.skip("another model, or a pipeline stage / context-parallel / DCP / head-sharded writer's part")
+                continue
+            if st.st_size != size:
+                rep.skip(f"size is not {size} bytes ({n_layers} layers x {page_tokens} tokens x {width} {kv_dtype})")
+                continue
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(size + 1)
+        finally:
+            os.close(fd)
+        if len(raw) != size:
             rep.skip(f"size is not {size} bytes ({n_layers} layers x {page_tokens} tokens x {width} {kv_dtype})")
             continue
-        with open(path, "rb") as f:
-            raw = f.read()
         rep.bytes_in += len(raw)
         if host_layout == "page_first":
             plan.gather(memoryview(raw), scratch)
@@ -110,7 +126,6 @@ def compact_sglang(src: str, dst: str, *, model: str, n_layers: int, page_tokens
         if delete_source:
             check = bytearray(size)
             out.read_into(rel, check, expect=layout, key=key, verify=True)  # raises on any difference
-            if check == bytes(payload):
-                os.unlink(path)
+            if check == bytes(payload) and unlink_in(src, name, (st.st_dev, st.st_ino)) == MOVED:
                 rep.deleted += 1
     return rep

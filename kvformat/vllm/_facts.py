@@ -120,7 +120,9 @@ def _layer_fact(n: str, spec: Any, t: Any, i: int, tpb: int, kv_dtype: str, mla_
         page = spec.page_size_bytes
         unpadded = getattr(spec, "unpadded_page_size_bytes", page)
         st = _TORCH_ST.get(str(spec.dtype).removeprefix("torch."), "U8")
-        kvd = getattr(spec, "cache_dtype_str", None) or (kv_dtype if role == ROLE_MLA else "")
+        kvd = getattr(spec, "cache_dtype_str", None) or ""
+        if kvd in ("", "auto"):  # vLLM's default "auto" is the model's dtype, not a KV dtype: recorded as is, it
+            kvd = kv_dtype if role == ROLE_MLA else ""  # gave the layout a roles entry nothing else computes
         if role == ROLE_INDEXER:
             kvd = "dsa_indexer_fp8" if unpadded == tpb * 132 and st == "U8" else f"indexer_{st.lower()}"
         elif kvd in ("fp8", "fp8_e4m3") and st == "U8":

