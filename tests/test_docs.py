@@ -290,7 +290,7 @@ def test_the_readme_benchmark_summary_quotes_its_sources() -> None:
     rows = _summary_rows()
     assert len(rows) >= 8, rows
     for cmd, result, source in rows:
-        doc = re.search(r"\b(docs/\w+\.md)\b", source)
+        doc = re.search(r"\b(docs/[\w/]+\.md)\b", source)
         assert doc and (REPO / doc.group(1)).is_file(), f"README benchmark row {cmd}: no source doc in {source!r}"
         text = (REPO / doc.group(1)).read_text()
         numbers = re.findall(r"\d+(?:\.\d+)?", re.sub(r"`[^`]*`", "", result))
@@ -299,3 +299,18 @@ def test_the_readme_benchmark_summary_quotes_its_sources() -> None:
         for n in numbers:
             assert re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text), \
                 f"README benchmark row {cmd}: {n} does not appear in {doc.group(1)}"
+
+
+# -- user docs at human size (issue 32) ----------------------------------------------------------------------------
+
+
+USER_DOC_MAX_LINES = 300
+
+
+def test_no_user_doc_is_longer_than_a_reader_will_read() -> None:
+    """README.md and docs/*.md say what to run and what it means; measurement records live in docs/benchmarks/ (not
+    user docs, and not counted). A doc that outgrows the limit is split by topic, never trimmed of facts."""
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert len(docs) >= 8, docs
+    long = {str(d.relative_to(REPO)): n for d in docs if (n := len(d.read_text().splitlines())) > USER_DOC_MAX_LINES}
+    assert not long, f"user docs over {USER_DOC_MAX_LINES} lines (split them, measurements to docs/benchmarks/): {long}"

@@ -462,6 +462,49 @@ def test_compact_sglang_file_backend_pages(tmp_path, layout: str, capsys) -> Non
         r.close()
 
 
+def test_compact_sglang_deletes_only_the_inode_it_converted(tmp_path, monkeypatch) -> None:
+    """Issue 31 item 3: ``--delete-source`` removes a page only if its name still holds the inode that was read
+    and converted. A page swapped by someone else between the conversion and the delete (another file under the
+    same name) is never deleted: it was never converted. A symlinked page is neither read nor deleted, and its
+    target outside the tree is untouched."""
+    from kvformat.sglang import _filetree
+
+    src, dst = str(tmp_path / "hicache"), str(tmp_path / "kv")
+    pool = host_pool("layer_first")
+    idx = fill(pool, 3, seed=13)
+    keys = page_keys(list(range(700, 700 + 3 * PAGE)))
+    hf = HiCacheFile(sglang_harness.storage_config(pool, {"file_storage_path": src}))
+    for k, s in zip(keys, idx[::PAGE].tolist()):
+        assert hf.set(k, pool.get_data_page(s))
+    names = sorted(n for n in os.listdir(src) if n.endswith(".bin"))
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(open(os.path.join(src, names[0]), "rb").read())
+    link = os.path.join(src, f"{'ef' * 32}_{MODEL.replace('/', '-')}.bin")
+    os.symlink(outside, link)
+    swapped = os.path.join(src, names[1])
+    real_open = _filetree.open_store
+
+    def open_store(root: str):  # the co-tenant swaps one page right after kvformat stored it
+        store = real_open(root)
+        put = store.put_block
+
+        def put_block(payload, layout, key, **kw):
+            out = put(payload, layout, key, **kw)
+            if os.path.basename(swapped).startswith(key.hash):
+                with open(swapped + ".tmp", "wb") as f:  # a new inode, as a writer that renames into place makes
+                    f.write(b"someone else's page")
+                os.replace(swapped + ".tmp", swapped)
+            return out
+        monkeypatch.setattr(store, "put_block", put_block)
+        return store
+    monkeypatch.setattr(_filetree, "open_store", open_store)
+    rep = _filetree.compact_sglang(src, dst, model=MODEL, n_layers=4, page_tokens=PAGE, host_layout="layer_first",
+                                   delete_source=True)
+    assert (rep.seen, rep.written, rep.deleted) == (3, 3, 2)
+    assert open(swapped, "rb").read() == b"someone else's page"  # kept
+    assert os.path.islink(link) and outside.read_bytes() == open(link, "rb").read()  # untouched
+
+
 def test_sealed_pages_round_trip_and_stay_apart_from_clear_ones(tmp_path) -> None:
     """The SGLang backend takes the tier's seal parameters: its files are sealed (spec §12) in a namespace of their
     own; a rank with the key loads SGLang's pages back exactly, a clear deployment never sees them."""

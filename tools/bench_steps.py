@@ -86,6 +86,11 @@ def patch(obj: Any, name: str, step: str) -> None:
 def instrument() -> None:
     """Wrap every step of both tiers' per-chunk paths (module attributes, so both tiers' calls go through)."""
     from kvformat.cache import _jobs, _lru, _pool, _rows
+    # The row engine's paths hold their own references to the format's calls (one module each since issue 32).
+    try:
+        from kvformat.cache import _row_load, _row_store
+    except ImportError:  # an older checkout: one module
+        _row_load = _row_store = _rows  # type: ignore[misc]
     from kvformat.cache._counters import Counters
     from kvformat.format import _fused, _native
     from kvformat.vllm import _tier
@@ -105,15 +110,15 @@ def instrument() -> None:
     patch(_native, "pwrite_hash", "payload write + xxh3 (native, GIL free)")
     if getattr(_native, "read_file_hash", None) is not None:
         patch(_native, "read_file_hash", "open+fstat+read+xxh3+close (native, GIL free)")
-    patch(_rows, "xxh3_64", "replica xxh3")
+    patch(_row_store, "xxh3_64", "replica xxh3")
     patch(_fused, "decode_header", "header parse + hxxh3 check")
     patch(_fused, "check_expected", "layout + key check")
     patch(_fused, "_open_regular", "open (checks)")
-    patch(_rows, "read_into_fused", "read glue (read_into_fused)")  # _rows holds its own reference
-    patch(_rows, "write_block_fused", "write glue (write_block_fused)")
+    patch(_row_load, "read_into_fused", "read glue (read_into_fused)")
+    patch(_row_store, "write_block_fused", "write glue (write_block_fused)")
     patch(_fused, "temp_name", "temp name")
     patch(_fused, "publish", "publish glue")
-    patch(_rows, "encode_block", "header encode")
+    patch(_row_store, "encode_block", "header encode")
     try:  # the header templates (spec 11.1), where this checkout has them
         from kvformat.format import _template
 
@@ -127,7 +132,8 @@ def instrument() -> None:
     patch(_rows.RowEngine, "_usable", "root health check")
     patch(_rows.RowEngine, "relpath", "key -> path")
     patch(_rows.RowEngine, "delete_victims", "eviction (LRU victims)")
-    patch(_rows, "BlockKey", "block key (checked)")
+    for mod in {_row_store, _row_load}:
+        patch(mod, "BlockKey", "block key (checked)")
     for m in ("pin", "unpin", "touch", "add_found", "reserve", "add", "release", "victims", "remove"):
         patch(_lru.LRUIndex, m, "index (LRU, pins)")
     patch(Counters, "add", "counters")

@@ -24,7 +24,9 @@ import sys
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md", *sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")),
+# docs/ and its folders (docs/benchmarks/ holds the measurement records the user docs link to).
+DOCS = ["README.md", *sorted(os.path.relpath(os.path.join(d, f), ROOT)
+                             for d, _, fs in os.walk(os.path.join(ROOT, "docs")) for f in fs if f.endswith(".md")),
         *sorted(f"spec/{f}" for f in os.listdir(os.path.join(ROOT, "spec")) if f.endswith(".md"))]
 _FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
 _MARK = re.compile(r"^<!--\s*snippet:\s*(prelude|sample|run by:|not run:)\s*(.*?)\s*-->$")
