@@ -203,6 +203,7 @@ def test_compact_with_a_symlink_swapped_in_after_the_listing_reads_and_deletes_n
     converted the outside files and deleted them."""
     from legacy_trees import build
     from kvformat.legacy import compact
+    from kvformat.legacy._compact import _Silent
 
     t = build(str(tmp_path / "src"), tp=2, n_files=3)
     victim_dir = os.path.dirname(next(iter(t.paths.values())))
@@ -210,19 +211,10 @@ def test_compact_with_a_symlink_swapped_in_after_the_listing_reads_and_deletes_n
     shutil.copytree(victim_dir, out)
     shutil.copytree(out, str(tmp_path / "outside.copy"))
 
-    class Swap:
+    class Swap(_Silent):  # silent progress but for the swap at the listing's end
         def add_total(self, files: int, nbytes: int) -> None:
             os.rename(victim_dir, str(tmp_path / "moved-away"))
             os.symlink(out, victim_dir)
-
-        def update(self, n_bytes: int, n: int = 1) -> None:
-            pass
-
-        def note(self, line: str) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
 
     rep = compact(t.root, str(tmp_path / "dst"), delete_source=True, progress=Swap())
     assert _same_tree(out, str(tmp_path / "outside.copy"))
