@@ -47,6 +47,7 @@ def finish(procs: list[subprocess.Popen], skip: set[int] = frozenset()) -> list[
             continue
         assert p.returncode == 0, stderr[-4000:]
         out.append(json.loads(stdout.strip().splitlines()[-1]))
+        out[-1]["log"] = [line for line in stderr.splitlines() if "KVFormatTier" in line][-30:]
     return out
 
 
@@ -90,7 +91,7 @@ def check(results: list[dict]) -> dict:
     total["store_failures_by_reason"] = reasons
     assert total["wrong"] == 0 and total["corrupt_files"] == 0
     # The evictor deleted files the other engines had indexed and loaded, yet no load ever found its file gone.
-    assert total["missing_files"] == 0 and total["io_errors"] == 0, total
+    assert total["missing_files"] == 0 and total["io_errors"] == 0, (total, [r["log"] for r in results])
     assert total["evictions"] > 0 and total["hits"] > 0 and total["misses"] > 0, total
     return total
 

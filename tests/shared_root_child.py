@@ -12,6 +12,7 @@ Prints one JSON line with the outcome and the tier's counters.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sys
@@ -24,6 +25,8 @@ sys.path.insert(0, sys.argv[2])
 from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # noqa: E402
 
 cfg = json.loads(sys.argv[3])
+# The tier's log on stderr with this process's clock: the test shows it when a run fails (who held the lease when).
+logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d ms %(message)s")
 with Deployment([kvformat_tier(cfg["root"], read_threads=2, write_threads=2, **cfg["tier"])], n_layers=4,
                 num_chunks=16, engine_id=f"kvft_sh_{uuid.uuid4().hex[:10]}") as dep:
     tier = dep.tier()
