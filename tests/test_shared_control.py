@@ -154,6 +154,33 @@ def test_journal_records_with_path_tricks_are_skipped_and_nothing_outside_change
     assert _kvf_bytes(root) <= MAX
 
 
+def test_the_evictor_does_not_delete_a_doomed_file_its_own_load_is_reading(site: tuple[str, Path]) -> None:
+    """A load of the evictor passes read_begin, a pass dooms that file, then the load pins it and reads: the
+    followers' acknowledgements do not cover the evictor's own loads, so before, the file went under the read
+    (a load found its file gone under CPU load in tests/test_shared_root.py)."""
+    root, _ = site
+    a, b = _start(root)
+    first = a.store_one("e0")
+    assert first is not None
+    token = a.sb.read_begin(first)
+    assert token is not None
+    for _ in range(200):  # both store until a pass dooms the evictor's oldest file
+        pump([a, b], 1)
+        assert a.sb.holding is not None
+        if first in a.sb.holding.doomed:
+            break
+    else:
+        raise AssertionError("no pass doomed the oldest file")
+    assert Path(root, first).exists()
+    a.index.pin(first)  # the read begins
+    pump([a, b], 8)
+    assert Path(root, first).read_bytes() == _payload(first)  # the followers let go long ago, the load has not
+    a.index.unpin(first)
+    a.sb.read_end(token)
+    pump([a, b], 8)
+    assert not Path(root, first).exists()  # deleted once the load ended: the bound is not lifted for good
+
+
 def test_a_negative_size_does_not_disable_eviction(site: tuple[str, Path]) -> None:
     root, _ = site
     engines = _start(root)

@@ -229,6 +229,11 @@ class LRUIndex:
             # this token) records that the file this read may have seen was deleted.
             return self._events
 
+    def pinned(self, relpath: str) -> bool:
+        """Whether a load holds ``relpath`` now (see :meth:`pin`)."""
+        with self._lock:
+            return relpath in self._pins
+
     def unpin(self, relpath: str) -> bool:
         """Release one :meth:`pin`. True when that was the file's last pin and the index is over the bound:
         the bound may have skipped the file while pinned, and the caller should evict (:meth:`victims`)."""

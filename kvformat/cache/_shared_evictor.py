@@ -202,9 +202,11 @@ class EvictorRole:
         live = {i: v for i, v in h.views.items() if not v.gone and now - v.seen_at <= self.ttl_s}
         for i in [i for i, v in h.views.items() if v.gone]:
             del h.views[i]
-        # Delete what every live follower has let go of (this listing was made after each doom was published).
+        # Delete what every live follower has let go of (this listing was made after each doom was published) and
+        # no load of this engine holds: one that passed read_begin just before the doom pins the file after it.
         ready = [(rel, size) for rel, (d, size) in h.doomed.items()
-                 if all(v.ack is not None and v.ack[0] == h.gen and v.ack[1] >= d for v in live.values())]
+                 if all(v.ack is not None and v.ack[0] == h.gen and v.ack[1] >= d for v in live.values())
+                 and not self.index.pinned(rel)]
         if ready:
             with self._lock:
                 for rel, _ in ready:
