@@ -121,6 +121,26 @@ def test_replay_lru_rows_equal_an_independent_lru(tmp_path: Path) -> None:
         assert len(list((tmp_path / "root" / sub).rglob("*.kvf"))) == 3
 
 
+def test_oracle_admission_stores_only_blocks_used_again(tmp_path: Path) -> None:
+    """``lru-oracle-admission`` against rows worked out by hand: requests [1, 2, 3], [4, 5], [1, 2] in a budget of
+    two DeepSeek-V3 chunk files (80 MB: 36.0 MB each plus the header)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 0, "input_length": 512 * len(ids), "output_length": 1,
+                                         "hash_ids": ids}) + "\n" for ids in ([1, 2, 3], [4, 5], [1, 2])))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, str(TOOL), "--trace", str(trace), "--budget-tb", "0.00008", "--policies",
+                          "lru,lru-oracle-admission,optimal", "--json", "--no-progress"],
+                         capture_output=True, text=True, check=True, env=env, cwd=REPO)
+    rows = {r["policy"]: r for r in json.loads(out.stdout)}
+    size = rows["lru"]["bytes_written"] // 7
+    # LRU stores all 7 blocks, evicting 5, and the third request finds block 1 gone: no hit.
+    assert (rows["lru"]["token_hit_ratio"], rows["lru"]["evictions"]) == (0.0, 5)
+    # The oracle stores 1 and 2 only (3, 4, 5 never come back), so the third request loads both.
+    oracle = rows["lru-oracle-admission"]
+    assert (oracle["token_hit_ratio"], oracle["evictions"], oracle["bytes_written"]) == (2 / 7, 0, 2 * size)
+    assert oracle["token_hit_ratio"] == rows["optimal"]["token_hit_ratio"]
+
+
 def test_a_pinned_dead_chunk_is_not_evicted(tmp_path: Path) -> None:
     idx = PrefixIndex(30)
     _store(idx, tmp_path, "h", None)

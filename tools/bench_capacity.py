@@ -13,6 +13,8 @@ is unlinked and each load reads its files, so the index is checked against a rea
   whose protected segment holds ``share`` of the budget, 0.2 by default); ``kvformat-slru-prefix``: both rules;
   ``kvformat-adaptive[:share]``: ``AdaptiveSegmentedIndex`` (protects only while a segmented shadow beats an LRU one);
 * ``lru``: plain LRU by block, written here, the same file sizes, chunks touched in load order (what every cache does);
+  ``lru-oracle-admission``: the same LRU, storing only blocks a later request holds (it knows the future: a
+  diagnostic of how much of the gap to ``optimal`` is admission, not a policy that could ship);
 * ``vllm-fs-replicated`` / ``vllm-fs-per-worker-tp8``: vLLM's fs tier (headerless rows, one copy or one per rank
   at TP=8; it never deletes, so stores stop when the budget is full);
 * ``optimal``: offline Belady over prefix chains (evict the block whose next use is farthest; a block's next use
@@ -156,13 +158,27 @@ def replay_index(trace: list[tuple[list[int], int]], budget: int, size: int, res
             shutil.rmtree(root)  # up to a budget's worth of files (GBs at 4 TB): they were only there to be checked
 
 
+def next_uses(trace: list[tuple[list[int], int]]) -> list[list[int]]:
+    """Per request, per block: the next request holding that block (``len(trace)``: none)."""
+    inf = len(trace)
+    nxt: list[list[int]] = [[] for _ in trace]
+    last: dict[int, int] = {}
+    for r in range(len(trace) - 1, -1, -1):
+        nxt[r] = [last.get(b, inf) for b in trace[r][0]]
+        for b in trace[r][0]:
+            last[b] = r
+    return nxt
+
+
 def replay_lru(trace: list[tuple[list[int], int]], budget: int, size: int, res: Result,
-               tick: Callable[[], None]) -> None:
-    """Plain LRU by block, written here (not the shipped index) as the baseline."""
+               tick: Callable[[], None], nxt: list[list[int]] | None = None) -> None:
+    """Plain LRU by block, written here (not the shipped index) as the baseline. With ``nxt``
+    (``lru-oracle-admission``): a block is stored only if a later request holds it (an admission oracle; eviction
+    stays LRU). Block ids name whole prefixes, so a block with no later use has none after it either."""
     from collections import OrderedDict
     cache: OrderedDict[int, None] = OrderedDict()
     cap = budget // size
-    for blocks, n in trace:
+    for r, (blocks, n) in enumerate(trace):
         tick()
         res.total += n
         k = 0
@@ -171,8 +187,9 @@ def replay_lru(trace: list[tuple[list[int], int]], budget: int, size: int, res: 
             k += 1
         res.hit += k * BLOCK_TOKENS
         res.read += k * size
-        for b in blocks[k:]:
-            if cap <= 0:
+        for i in range(k, len(blocks)):
+            b = blocks[i]
+            if cap <= 0 or (nxt is not None and nxt[r][i] >= len(trace)):
                 break
             cache[b] = None
             res.written += size
@@ -204,12 +221,7 @@ def replay_vllm_fs(trace: list[tuple[list[int], int]], budget: int, size: int, r
 def replay_optimal(trace: list[tuple[list[int], int]], budget: int, size: int, res: Result,
                    tick: Callable[[], None]) -> None:
     inf = len(trace)
-    nxt: list[list[int]] = [[] for _ in trace]
-    last: dict[int, int] = {}
-    for r in range(len(trace) - 1, -1, -1):
-        nxt[r] = [last.get(b, inf) for b in trace[r][0]]
-        for b in trace[r][0]:
-            last[b] = r
+    nxt = next_uses(trace)
     cap = budget // size
     when: dict[int, int] = {}  # cached block -> its next use
     heap: list[tuple[int, int, int]] = []  # (-next use, -depth, block); stale rows skipped
@@ -245,7 +257,8 @@ def replay_optimal(trace: list[tuple[list[int], int]], budget: int, size: int, r
             heapq.heappush(heap, (-nxt[r][i], -i, b))
 
 
-POLICIES = ("kvformat", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive", "lru", "vllm-fs-replicated", "vllm-fs-per-worker-tp8", "optimal")
+POLICIES = ("kvformat", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive", "lru",
+            "lru-oracle-admission", "vllm-fs-replicated", "vllm-fs-per-worker-tp8", "optimal")
 
 
 def run(trace: list[tuple[list[int], int]], model: str, budgets: list[float], policies: Iterable[str],
@@ -277,6 +290,8 @@ def run(trace: list[tuple[list[int], int]], model: str, budgets: list[float], po
             replay_index(trace, budget, row + hdr, res, policy=p, root=sub, scale=scale, hdr=hdr, keep=keep, tick=tick)
         elif p == "lru":
             replay_lru(trace, budget, row + hdr, res, tick)
+        elif p == "lru-oracle-admission":
+            replay_lru(trace, budget, row + hdr, res, tick, next_uses(trace))
         elif p == "vllm-fs-replicated":
             replay_vllm_fs(trace, budget, row, res, tick)
         elif p == "vllm-fs-per-worker-tp8":
