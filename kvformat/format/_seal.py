@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +160,23 @@ def seal_data(level: str, key: SealKey, nonce: str, aad: bytes, payload: memoryv
     return tag.hex()
 
 
+_PIECE = 1 << 20  # decrypted through a per-thread scratch of this size: a fraction of a block, in cache
+_scratch = threading.local()
+
+
+def _decrypt_in_place(dec: Any, data: memoryview) -> None:
+    """Decrypt ``data`` in place, piece by piece through a scratch buffer: cryptography 51 refuses an output
+    that overlaps the input, even exactly (50 allowed it). Each piece's ``update_into`` releases the GIL."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        # update_into wants block size - 1 bytes of room past the input's length
+        buf = _scratch.buf = memoryview(bytearray(_PIECE + 16))
+    for at in range(0, len(data), _PIECE):
+        piece = data[at:at + _PIECE]
+        n = dec.update_into(piece, buf)
+        piece[:n] = buf[:n]
+
+
 def unseal_data(level: str, key: SealKey, fields: SealFields, aad: bytes, data: memoryview) -> None:
     """Check the tag of a sealed file over ``aad`` and ``data``; with ``encrypt`` decrypt ``data`` in place.
 
@@ -172,8 +190,7 @@ def unseal_data(level: str, key: SealKey, fields: SealFields, aad: bytes, data: 
     dec = Cipher(algorithms.AES(k), modes.GCM(iv, bytes.fromhex(fields.tag), min_tag_length=_TAG_BYTES)).decryptor()
     dec.authenticate_additional_data(aad)
     if level == "encrypt":
-        if len(data):
-            dec.update_into(data, data)  # in place: OpenSSL allows exact aliasing of input and output
+        _decrypt_in_place(dec, data)
     elif len(data):
         dec.authenticate_additional_data(data)
     try:
