@@ -400,6 +400,22 @@ def test_scan_merges_old_files_oldest_first_and_a_touch_makes_them_recent():
     assert idx.used == 300 and idx.reserved == 100
 
 
+def test_a_victim_deleted_during_a_scan_is_not_brought_back_by_its_listing():
+    """The shared evictor dooms a victim and deletes it ticks later; a periodic listing that began in between saw
+    the file. Before, forget() did not count as a removal for the scan and the listing indexed a file no longer on
+    storage: a ghost that the evictor's own lookups then hit (a load found its file gone)."""
+    idx = LRUIndex(max_bytes=200)
+    idx.add("a", 100)
+    idx.add("b", 100)
+    assert idx.victims(limit=100) == [("a", 100)]  # doomed before the scan begins
+    idx.begin_scan()
+    listed = [("a", 100, 1.0), ("b", 100, 2.0)]  # the listing still sees "a"
+    idx.forget(["a"])  # deleted while the scan runs
+    assert idx.scan_add(listed) == 0
+    idx.end_scan()
+    assert "a" not in idx and idx.used == 100
+
+
 def test_add_found_refuses_a_file_removed_while_pinned():
     idx = LRUIndex(max_bytes=None)
     idx.add("x", 10)

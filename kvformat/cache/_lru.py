@@ -283,8 +283,10 @@ class LRUIndex:
         with self._lock:
             for rel in relpaths:
                 self._undoom_locked(rel)
-                # A reader pinned while the victim was doomed may have read the file now deleted.
-                self._mark_gone_locked(rel, scan=False)
+                # A reader pinned while the victim was doomed may have read the file now deleted; and a scan
+                # that listed it before the delete must not bring it back (the shared evictor keeps victims
+                # doomed for ticks, so one chosen before a periodic listing began is often deleted during it).
+                self._mark_gone_locked(rel)
             self._gone.notify_all()
 
     def keep(self, victims: Iterable[tuple[str, int]]) -> None:
