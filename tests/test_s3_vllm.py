@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM 0.33 is installed by .ci/run")
@@ -105,6 +107,11 @@ def test_server_lost_mid_run_jobs_fail_cleanly_primary_serves_tier_recovers(s3_e
         dep.evict_primary()
         assert dep.load(kb + kc) == {**b, **cc}
 
+        # The namespace file, kept aside as an operator who recreates a bucket restores it: without it the root
+        # is not the one the tier started on, and stores stop until it is back (docs/vllm-operations.md).
+        st = open_store(url)
+        ns_rel = next(iter(st.list())).relpath.split("/", 1)[0] + "/namespace.json"
+        ns_blob = st.read_bytes(ns_rel)
         s3_env.stop()  # dead: connection refused, fails fast
         try:
             d = payloads(dep, kd)
@@ -114,10 +121,15 @@ def test_server_lost_mid_run_jobs_fail_cleanly_primary_serves_tier_recovers(s3_e
         finally:
             s3_env.start()  # moto keeps nothing: the bucket is recreated, as an operator would
         s3_env.make_bucket(bucket)
+        assert open_store(url).put(ns_rel, [ns_blob], overwrite=True)
+        deadline = time.monotonic() + 30  # a health check that ran before the put stopped stores: until the next
+        while tier.counters()["root_healthy"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tier.counters()["root_healthy"] == 1
         e = payloads(dep, ke)
         dep.store(e)
         dep.evict_primary()
         assert dep.load(ke) == e
         st = open_store(url)
-        assert len(list(st.list())) == len(ke)
+        assert len(list(st.list())) == len(ke)  # (the namespace file is not a block: not listed)
         assert all(isinstance(st.read_header(x.relpath), K.BlockHeader) for x in st.list())
