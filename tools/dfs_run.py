@@ -113,8 +113,10 @@ def main() -> int:
             "cs": os.path.join(a.dfs_dir, "cfg", "mfschunkserver.cfg")}
     netns = ["nsenter", f"--net=/var/run/netns/{os.environ.get('KVF_DFS_NS', 'kvfdfs')}"]
     killed: set[str] = set()
+    before = None
     for f in faults:
         time.sleep(4)
+        before = lease(roots[0])[2]  # the state the checker compares the take-over after this fault with
         t0 = time.time()
         target = None
         if f == "kill":
@@ -133,6 +135,13 @@ def main() -> int:
             subprocess.run(["umount", "-l", a.mounts[-1]], capture_output=True)
             target = names[-1]
         rec(op="fault", kind=f, target=target, target_pid=pids.get(target or ""), start=t0, end=time.time())
+    # The checker reads each fault's take-over from the samples after it. When the faults outlast the rounds (a
+    # chunkserver that takes minutes to come back) the engines would be released at once and the history end
+    # before a take-over after the last fault could be seen: hold them (the gates below) until the state moves
+    # on from the one before that fault, or 30 s (the checker's limit) have passed.
+    settle = time.time() + 30
+    while faults and time.time() < settle and lease(roots[0])[2] == before:
+        time.sleep(0.2)
     deadline = time.time() + 300
     wedged = []
     # Every engine writes "stored_final" once its rounds and final store are through: then the final loads start.
