@@ -52,8 +52,11 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
+    # CPU_MLA named: on a CPU with AMX, vLLM's CPU build picks its AMX MLA backend, which takes bf16 weights only
+    # (this model is float32 so that the engines' KV is exact to compare).
     llm = LLM(model=spec["model"], tensor_parallel_size=spec["tp"], dtype="float32",
-              max_num_seqs=1, block_size=16, enforce_eager=True, max_model_len=512, seed=0, disable_log_stats=False,
+              attention_config={"backend": "CPU_MLA"}, max_num_seqs=1, block_size=16, enforce_eager=True,
+              max_model_len=512, seed=0, disable_log_stats=False,
               distributed_executor_backend="mp" if spec["tp"] > 1 else None,
               kv_transfer_config=KVTransferConfig(**spec["kv_transfer_config"]) if spec.get("kv_transfer_config")
               else None)
