@@ -182,11 +182,11 @@ class LRUIndex:
         self._events += 1
         return self._events
 
-    def _mark_gone_locked(self, relpath: str, *, scan: bool = True) -> None:
+    def _mark_gone_locked(self, relpath: str) -> None:
         pin = self._pins.get(relpath)
         if pin is not None:
             pin[1] = self._event_locked()
-        if scan and self._removed_during_scan is not None:
+        if self._removed_during_scan is not None:
             self._removed_during_scan.add(relpath)
 
     def _end_write_locked(self, relpath: str) -> None:
