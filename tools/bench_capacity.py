@@ -219,9 +219,9 @@ def replay_vllm_fs(trace: list[tuple[list[int], int]], budget: int, size: int, r
 
 
 def replay_optimal(trace: list[tuple[list[int], int]], budget: int, size: int, res: Result,
-                   tick: Callable[[], None], nxt: list[list[int]] | None = None) -> None:
+                   tick: Callable[[], None], nxt: list[list[int]]) -> None:
+    """``nxt``: :func:`next_uses` of ``trace``."""
     inf = len(trace)
-    nxt = next_uses(trace) if nxt is None else nxt
     cap = budget // size
     when: dict[int, int] = {}  # cached block -> its next use
     heap: list[tuple[int, int, int]] = []  # (-next use, -depth, block); stale rows skipped
@@ -280,13 +280,8 @@ def run(trace: list[tuple[list[int], int]], model: str, budgets: list[float], po
             sys.stderr.flush()
 
     rows = []
-    nxt: list[list[int]] = []  # next_uses(trace), shared by every budget of the two future-knowing rows
-
-    def future() -> list[list[int]]:
-        if not nxt:
-            nxt.extend(next_uses(trace))
-        return nxt
-
+    # Each request's next uses, computed once and shared by every budget of the two rows that know the future.
+    nxt = next_uses(trace) if {"optimal", "lru-oracle-admission"} & {p for p, _ in jobs} else []
     for p, btb in jobs:
         budget = int(btb * TB)
         res = Result(p, btb)
@@ -298,13 +293,13 @@ def run(trace: list[tuple[list[int], int]], model: str, budgets: list[float], po
         elif p == "lru":
             replay_lru(trace, budget, row + hdr, res, tick)
         elif p == "lru-oracle-admission":
-            replay_lru(trace, budget, row + hdr, res, tick, future())
+            replay_lru(trace, budget, row + hdr, res, tick, nxt)
         elif p == "vllm-fs-replicated":
             replay_vllm_fs(trace, budget, row, res, tick)
         elif p == "vllm-fs-per-worker-tp8":
             replay_vllm_fs(trace, budget, 8 * row, res, tick)
         elif p == "optimal":
-            replay_optimal(trace, budget, row + hdr, res, tick, future())
+            replay_optimal(trace, budget, row + hdr, res, tick, nxt)
         else:
             raise SystemExit(f"unknown policy {p!r}; expected one of {POLICIES}")
         rows.append(res.row())
