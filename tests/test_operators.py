@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM is installed by tools/setup.sh")
 
 from tmpfs_mount import tmpfs  # noqa: E402
-from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # noqa: E402
+from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload, wait_for  # noqa: E402
 
 from kvformat.errors import RootUnusableError, SchemaError  # noqa: E402
 from kvformat.vllm import METRIC_PREFIX  # noqa: E402
@@ -45,15 +45,6 @@ def items_for(dep: Deployment, n: int, salt: str) -> dict:
 
 def kvf_files(root: object) -> list[Path]:
     return [p for p in Path(str(root)).rglob("*.kvf") if ".quarantine" not in p.parts]
-
-
-def wait_for(cond, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return bool(cond())
 
 
 # -- unusable roots ------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM is installed by tools/setup.sh")
 
-from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # noqa: E402
+from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload, wait_for  # noqa: E402
 
 from kvformat.errors import RootUnusableError  # noqa: E402
 from s3_server import ACCESS_KEY, SECRET_KEY, S3Server, free_port, s3_bucket, s3_env, s3_server  # noqa: E402,F401
@@ -112,9 +112,7 @@ def test_namespace_deleted_under_a_running_tier_stops_stores(s3_bucket: str) -> 
         ns = tier.namespace
         client = boto3.client("s3", region_name="us-east-1")  # endpoint and credentials from the environment
         client.delete_object(Bucket=s3_bucket, Key=f"x/{ns}/namespace.json")  # the prefix was wiped
-        deadline = time.monotonic() + 10
-        while tier.counters()["root_healthy"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: not tier.counters()["root_healthy"], 10)  # asserted with the counters below
         keys = make_keys(2, "wiped")
         dep.store({k: make_payload(k.hex(), dep.slot_bytes) for k in keys})
         c = tier.counters()

@@ -4,13 +4,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM 0.33 is installed by .ci/run")
 
-from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # noqa: E402
+from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload, wait_for  # noqa: E402
 
 import kvformat as K  # noqa: E402
 from kvformat.storage import open_store  # noqa: E402
@@ -122,10 +120,8 @@ def test_server_lost_mid_run_jobs_fail_cleanly_primary_serves_tier_recovers(s3_e
             s3_env.start()  # moto keeps nothing: the bucket is recreated, as an operator would
         s3_env.make_bucket(bucket)
         assert open_store(url).put(ns_rel, [ns_blob], overwrite=True)
-        deadline = time.monotonic() + 30  # a health check that ran before the put stopped stores: until the next
-        while tier.counters()["root_healthy"] != 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert tier.counters()["root_healthy"] == 1
+        # a health check that ran before the put stopped stores: until the next
+        assert wait_for(lambda: tier.counters()["root_healthy"] == 1, 30)
         e = payloads(dep, ke)
         dep.store(e)
         dep.evict_primary()

@@ -372,3 +372,12 @@ def payloads(dep: "Deployment", keys: Any) -> dict[Any, bytes]:
     """One seeded payload per key, of the deployment's slot size."""
     return {k: make_payload(k.hex(), dep.slot_bytes) for k in keys}
 
+
+def wait_for(cond: Any, timeout: float = 20.0) -> bool:
+    """Poll ``cond()`` until it is true or ``timeout`` seconds have passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
