@@ -11,7 +11,9 @@ listing of one directory. No POSIX lock is used (they do not work over many NFS 
   clock is compared across hosts), at once when the evictor released the root on shutdown, or when its holder is
   provably dead (a process of this kernel boot and PID namespace that no longer runs).
 * **Journals.** Every other engine (a *follower*) rewrites ``engines/<engine id>.json`` each tick: a heartbeat,
-  its acknowledgement (below) and the records it has not seen merged yet (files it wrote, read, found gone).
+  its acknowledgement (below) and the records it has not seen merged yet (files it wrote, read, found gone). An
+  engine deletes its journal when it takes the lease; a journal merged for the first time may be old (a dead
+  engine's), so the writes it names are indexed only if their files are still there.
 * **The evictor** merges the journals into its own LRU index (the root-wide usage view, refreshed incrementally;
   rebuilt by a scan when it takes over), keeps it under ``max_bytes`` and publishes ``state.json``: the usage,
   each engine's merged record number, each follower's write allowance and the files it *doomed* (chose to evict).

@@ -157,6 +157,10 @@ class EvictorRole:
         was = state.get("owner") if state is not None else None
         self.log.info("this engine is now the evictor of the shared root (lease generation %d%s)", gen,
                       f", after {was}" if was else "")
+        try:  # the journal this engine wrote as a follower: a later evictor must not merge its old records
+            self.store.delete(f"{ENGINES_DIR}/{self.id}.json")
+        except OSError:
+            pass
         rescan = self._scanned()  # the start-up scan still running will list everything; else list again
         with self._lock:
             # Not alone until its first pass has looked: followers of the last evictor may be reading.
@@ -309,10 +313,12 @@ class EvictorRole:
             self.reject(bad.with_path(rel))
         if j.id == self.id:
             return
+        first = j.id not in h.views
         v = h.views.setdefault(j.id, View(seen_at=now))
         if j.beat != v.beat:
             v.beat, v.seen_at = j.beat, now
         v.ack = j.ack
+        absent = self._absent(h, j.records) if first else set()
         link = getattr(self.index, "link", None)  # a prefix-aware index (cache/_prefix.py) learns chains
         for seq, op, relpath, size, pred in j.records:
             if seq <= v.merged:
@@ -323,12 +329,29 @@ class EvictorRole:
                     continue
                 if pred is not None and op == "w" and link is not None:
                     link(relpath, pred)
-                if not self.index.touch(relpath) and op == "w":
+                if not self.index.touch(relpath) and op == "w" and relpath not in absent:
                     self.index.add_found(relpath, size)
             elif op == "x":
                 self.index.remove(relpath)
         if j.gone or now - v.seen_at > 3 * self.ttl_s:
             self._gone(h, rel, v)
+
+    def _absent(self, h: Holding, records: list[tuple[int, str, str, int, str | None]]) -> set[str]:
+        """Of the files a journal's writes name, those not on storage: asked only when this evictor merges the
+        journal for the first time. Such a journal may be old (an engine that died, or that became the evictor and
+        wrote no journal since), and its writes may name files a former evictor deleted long ago; indexed, each
+        would be a hit that finds no file (and bytes counted that are not there). Writes merged after the first
+        time are newer than this evictor's own listing of the root. A check that fails or stalls counts them all
+        (the bound errs on the safe side)."""
+        rels = [rel for _, op, rel, _, _ in records if op == "w" and rel not in self.index and rel not in h.doomed]
+        if not rels:
+            return set()
+        try:
+            found = self._stuck.call(ENGINES_DIR + ":exists", lambda: self.store.exists_many(rels), self.ttl_s / 2)
+        except (OSError, TimeoutError) as e:
+            self.log.warn(_READ, "checking the files a journal names failed: %s", e)
+            return set()
+        return {rel for rel, ok in zip(rels, found) if not ok}
 
     def _gone(self, h: Holding, rel: str, v: View) -> None:
         v.gone = True
