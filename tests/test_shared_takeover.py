@@ -9,8 +9,11 @@ follower). Same harness as tests/test_shared_control.py: SharedBound engines on 
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
+
+import pytest
 
 from kvformat.cache._shared import ENGINES_DIR
 from test_shared_control import Engine, _start
@@ -42,7 +45,9 @@ def test_the_journal_of_a_follower_that_became_the_evictor_is_not_merged_again(t
     assert _ghosts(c, root) == [] and not any(rel in c.index for rel in wrote)
 
 
-def test_a_dead_followers_journal_does_not_bring_back_files_deleted_since(tmp_path: Path) -> None:
+def test_a_dead_followers_journal_does_not_bring_back_files_deleted_since(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="test_shared_control")
     root = str(tmp_path)
     a, b = _start(root)
     wrote = [b.store_one("b") for _ in range(3)]
@@ -54,6 +59,7 @@ def test_a_dead_followers_journal_does_not_bring_back_files_deleted_since(tmp_pa
     time.sleep(1.1 * a.sb.ttl_s)  # b stops counting as live; its journal is removed only after 3 ttl_s
     a.sb.tick()
     assert a.sb.holding is not None and a.sb.holding.alone
+    assert f"engine {b.sb.id} has not rewritten its journal" in caplog.text  # said once, when it went silent
     for rel in wrote:  # evicted while b is gone: deleted at once
         a.index.remove(rel)
         a.sb.evict([(rel, 4096)])

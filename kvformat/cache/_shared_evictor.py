@@ -24,6 +24,7 @@ from ._shared_grants import ENGINES_DIR, LEASE_DIR, STATE_FILE, Holding, View, g
 __all__ = ["EvictorRole"]
 
 _READ = "control:read"  # the log-once reason of a control read that failed or stalled
+_SILENT = "shared:silent"  # the log-once reason of a follower that stopped journaling
 
 
 class EvictorRole:
@@ -206,6 +207,14 @@ class EvictorRole:
         live = {i: v for i, v in h.views.items() if not v.gone and now - v.seen_at <= self.ttl_s}
         for i in [i for i, v in h.views.items() if v.gone]:
             del h.views[i]
+        for i, v in h.views.items():
+            if (i in live) == v.lost:
+                v.lost = i not in live
+                if v.lost:  # its loads are no longer waited for: a miss or a load that finds its file gone
+                    self.log.warn(_SILENT, "engine %s has not rewritten its journal for %.1f s: deletions no "
+                                  "longer wait for its reads (a stalled or dead engine)", i, now - v.seen_at)
+                else:
+                    self.log.info("engine %s rewrites its journal again: deletions wait for its reads", i)
         # Delete what every live follower has let go of (this listing was made after each doom was published) and
         # no load of this engine holds: one that passed read_begin just before the doom pins the file after it.
         ready = [(rel, size) for rel, (d, size) in h.doomed.items()

@@ -60,6 +60,7 @@ class View:
     merged: int = 0  # last record number merged
     ack: Key | None = None
     gone: bool = False
+    lost: bool = False  # not live at the last pass (its journal unchanged for ttl_s): logged when it changes
 
 
 @dataclass
