@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvformat.cache._shared import ENGINES_DIR
-from test_shared_control import Engine, _start
+from test_shared_control import FILE, Engine, _start
 
 
 def _ghosts(e: Engine, root: str) -> list[str]:
@@ -34,7 +33,7 @@ def test_the_journal_of_a_follower_that_became_the_evictor_is_not_merged_again(t
     a.sb.close()  # released: b takes over at its next tick
     b.sb.tick()
     assert b.sb.is_evictor
-    assert not Path(root, ENGINES_DIR, f"{b.sb.id}.json").exists()  # the follower's journal went with the role
+    assert not Path(root, b.sb.journal_rel).exists()  # the follower's journal went with the role
     b.sb.evict(b.index.victims(limit=0))  # alone on the root: deleted at once
     assert not any(Path(root, rel).exists() for rel in wrote)
     c = Engine(root)
@@ -62,12 +61,12 @@ def test_a_dead_followers_journal_does_not_bring_back_files_deleted_since(tmp_pa
     assert f"engine {b.sb.id} has not rewritten its journal" in caplog.text  # said once, when it went silent
     for rel in wrote:  # evicted while b is gone: deleted at once
         a.index.remove(rel)
-        a.sb.evict([(rel, 4096)])
+        a.sb.evict([(rel, FILE)])
     assert not any(Path(root, rel).exists() for rel in wrote)
     c = Engine(root)
     c.sb.tick()
     a.sb.close()
-    assert Path(root, ENGINES_DIR, f"{b.sb.id}.json").exists()  # the premise: c finds the dead engine's journal
+    assert Path(root, b.sb.journal_rel).exists()  # the premise: c finds the dead engine's journal
     c.sb.tick()
     assert c.sb.is_evictor
     assert _ghosts(c, root) == [] and kept in c.index

@@ -89,6 +89,7 @@ class SharedBound(EvictorRole):
         self.interval_s = interval_s
         self.ttl_s = ttl_s if ttl_s is not None else max(10 * interval_s, 2.0)
         self.id = f"{host_tag()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.journal_rel = f"{ENGINES_DIR}/{self.id}.json"  # written as a follower, deleted on taking the lease
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when a state or a pass may have made room
         self.wait_s = 3 * interval_s
@@ -278,7 +279,7 @@ class SharedBound(EvictorRole):
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def _follower_pass(self) -> None:
-        self.put_control(f"{ENGINES_DIR}/{self.id}.json", self._journal(), overwrite=True)
+        self.put_control(self.journal_rel, self._journal(), overwrite=True)
         state = self._read_state()
         gens = self._lease_gens()
         if state is not None and (not gens or state["gen"] != max(gens)):
@@ -376,7 +377,7 @@ class SharedBound(EvictorRole):
             if self.holding is not None:
                 self._evictor_pass()  # publishes released=True: another engine takes over at once
             else:
-                self.put_control(f"{ENGINES_DIR}/{self.id}.json", self._journal(gone=True), overwrite=True)
+                self.put_control(self.journal_rel, self._journal(gone=True), overwrite=True)
 
         try:  # bounded: a stuck mount delays shutdown by ttl_s at most (the lease then times out instead)
             self._stuck.call("close", leave, self.ttl_s)

@@ -38,6 +38,7 @@ class EvictorRole:
     ttl_s: float
     log: CacheLog
     id: str
+    journal_rel: str
     holding: Holding | None
     _lock: threading.Lock
     _room: threading.Condition
@@ -159,7 +160,7 @@ class EvictorRole:
         self.log.info("this engine is now the evictor of the shared root (lease generation %d%s)", gen,
                       f", after {was}" if was else "")
         try:  # the journal this engine wrote as a follower: a later evictor must not merge its old records
-            self.store.delete(f"{ENGINES_DIR}/{self.id}.json")
+            self.store.delete(self.journal_rel)
         except OSError:
             pass
         rescan = self._scanned()  # the start-up scan still running will list everything; else list again
@@ -208,9 +209,10 @@ class EvictorRole:
         for i in [i for i, v in h.views.items() if v.gone]:
             del h.views[i]
         for i, v in h.views.items():
-            if (i in live) == v.lost:
-                v.lost = i not in live
-                if v.lost:  # its loads are no longer waited for: a miss or a load that finds its file gone
+            lost = i not in live
+            if lost != v.lost:
+                v.lost = lost
+                if lost:  # its loads are no longer waited for: a miss or a load that finds its file gone
                     self.log.warn(_SILENT, "engine %s has not rewritten its journal for %.1f s: deletions no "
                                   "longer wait for its reads (a stalled or dead engine)", i, now - v.seen_at)
                 else:
