@@ -5,6 +5,7 @@ kvformat.cache (``_sealing``, ``_rows``), which every engine adapter drives."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import kvformat as K  # noqa: E402
 from kvformat.cache._config import TierConfig  # noqa: E402
 from kvformat.cache._sealing import tier_keyring  # noqa: E402
 from kvformat.errors import SchemaError  # noqa: E402
+from kvformat.format._keys import load_key  # noqa: E402
 from treediff import changes  # noqa: E402
 
 N_LAYERS = 3
@@ -226,6 +228,46 @@ def test_sealed_and_clear_never_share_a_namespace(tmp_path):
 
 
 # -- configuration ---------------------------------------------------------------------------------
+def key_spellings(secret: bytes) -> dict[str, str]:
+    """The ways an operator pastes a key where a key source belongs (issue 43 item 8)."""
+    h = secret.hex()
+    b64 = base64.b64encode(secret).decode()
+    return {
+        "bare hex": h, "upper hex": h.upper(), "0x hex": "0x" + h, "0X hex": "0X" + h.upper(),
+        "base64": b64, "base64url unpadded": base64.urlsafe_b64encode(secret).decode().rstrip("="),
+        "double-quoted": f'"{h}"', "single-quoted": f"'{h}'", "quoted base64": f'"{b64}"',
+        "quoted 0x with blanks": f' " 0x{h} " ', "spaced bytes": " ".join(h[i:i + 2] for i in range(0, 64, 2)),
+        "colon bytes": ":".join(h[i:i + 2] for i in range(0, 64, 2)), "grouped by 8": " ".join(
+            h[i:i + 8] for i in range(0, 64, 8)), "padded with whitespace": f"\t {h} \n",
+    }
+
+
+def test_a_literal_key_in_any_spelling_is_refused_and_never_echoed(tmp_path):
+    src, secret = new_key(tmp_path, "k")
+    h = secret.hex()
+    pieces = {h[i:i + 8] for i in range(0, 57, 4)} | {h[i:i + 8].upper() for i in range(0, 57, 4)}
+    b64 = base64.b64encode(secret).decode()
+    pieces |= {b64[i:i + 8] for i in range(0, len(b64) - 8, 4)}
+    for what, spelling in key_spellings(secret).items():
+        for kw, field in (({"seal": "encrypt", "seal_key": spelling}, "seal_key"),
+                          ({"seal": "encrypt", "seal_key": src, "seal_read_keys": [spelling]}, "seal_read_keys")):
+            with pytest.raises(SchemaError) as ei:
+                TierConfig.parse(str(tmp_path), **kw)
+            assert ei.value.field == field, what
+            assert "looks like a key" in str(ei.value), what
+            shown = str(ei.value) + repr(ei.value) + repr(ei.value.args)
+            leaked = [p for p in pieces if p in shown]
+            assert not leaked, (what, "part of the key echoed")
+        with pytest.raises(K.KVFormatError) as ei2:  # the key loader refuses it too, naming no part of it
+            load_key(spelling)
+        assert not [p for p in pieces if p in str(ei2.value)], what
+    # sources stay sources: a key file, env:NAME, and a missing file in an existing directory (shown as given)
+    assert TierConfig.parse(str(tmp_path), seal="encrypt", seal_key=src).seal_key == src
+    assert TierConfig.parse(str(tmp_path), seal="encrypt", seal_key="env:KVF_KEY").seal_key == "env:KVF_KEY"
+    missing = str(tmp_path / "deployment-a-2026-primary-key")
+    assert TierConfig.parse(str(tmp_path), seal="encrypt", seal_key=missing).seal_key == missing
+
+
 def test_seal_parameters_are_checked(tmp_path, monkeypatch, caplog):
     src, secret = new_key(tmp_path, "k")
     literal = secret.hex()

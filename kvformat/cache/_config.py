@@ -150,8 +150,9 @@ def _key_source(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise SchemaError(name, f"expected a key file path or env:NAME, got {type(value).__name__}")
     if looks_like_key(value):  # never echo it: it is a secret
-        raise SchemaError(name, "holds a key itself; give a key file path or env:NAME (a key in the tier config "
-                          "leaks into logs and process listings)")
+        raise SchemaError(name, "holds what looks like a key itself (not shown); give a key file path or env:NAME "
+                          "(a key in the tier config leaks into logs and process listings; if a path was meant, "
+                          "no such file exists)")
     return value
 
 

@@ -27,22 +27,29 @@ _MAX_KEY_FILE = 4096
 
 def looks_like_key(value: str) -> bool:
     """Whether a configuration value is a key itself rather than a source naming one (refused: a key in a
-    config file ends up in logs, process listings and bug reports)."""
-    return bool(_HEX_KEY.fullmatch(value.strip().encode()))
+    config file ends up in logs, process listings and bug reports). Any spelling counts: bare hex, ``0x…``,
+    base64 or base64url, in quotes, split by spaces or colons, with surrounding whitespace."""
+    return _key_like(value)
 
 
 _HEXISH = re.compile(r"(0[xX])?[0-9a-fA-F]{32,}")
 _B64ISH = re.compile(r"[A-Za-z0-9+/_-]{22,}={0,2}")
 _SHOWN_INSTEAD = "(a value that looks like key material, not shown)"
+_QUOTES = "\"'`"
+_SEPARATORS = re.compile(r"[\s:]+")
 
 
 def _key_like(value: str) -> bool:
     # Hex (with or without 0x) or base64 text of 16+ bytes that names no file: key material, whatever its
-    # exact length, so neither a refusal nor a "no such file" error may echo it.
+    # exact length or spelling, so neither a refusal nor a "no such file" error may echo it.
     v = value.strip()
     if v.startswith(ENV_PREFIX) or os.path.lexists(v) or os.path.dirname(v) not in ("", "/") and os.path.isdir(
             os.path.dirname(v)):  # a missing file in an existing directory: a path, shown as given
         return False
+    # A key pasted with its quotes (a YAML or shell habit) or grouped for reading ("ab cd ..", "ab:cd:..").
+    while len(v) >= 2 and v[0] == v[-1] and v[0] in _QUOTES:
+        v = v[1:-1].strip()
+    v = _SEPARATORS.sub("", v)
     if _HEXISH.fullmatch(v):
         return True
     if _B64ISH.fullmatch(v):
@@ -76,7 +83,7 @@ def load_key(source: str) -> SealKey:
     """
     if not isinstance(source, str) or not source.strip():
         raise KeySourceError(repr(source), "expected a key file path or env:NAME")
-    if looks_like_key(source) or _key_like(source):
+    if looks_like_key(source):
         raise KeySourceError("(a literal key)", "give a key file path or env:NAME; a key written into a "
                              "configuration leaks into logs and process listings")
     if source.startswith(ENV_PREFIX):
