@@ -155,3 +155,162 @@ def test_a_pinned_dead_chunk_is_not_evicted(tmp_path: Path) -> None:
     idx.unpin("t")
     _store(idx, tmp_path, "w", None)  # unpinned, the dead chunk goes before the older loadable y
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w", "y", "z"]
+
+
+# -- the field's policies (tools/capacity_policies.py), each against a sequence worked out by hand from its paper --
+
+sys.path.insert(0, str(REPO / "tools"))
+import capacity_policies as cp  # noqa: E402
+
+ROW = 70_272 * 512  # DeepSeek-V3 bf16 payload of one 512-token block (the trace README's arithmetic)
+
+
+def _play(policy: "cp.BlockPolicy", seq: str) -> str:
+    """One single-block request per letter: H if the policy holds it (a hit), else M and the policy stores it."""
+    out = []
+    for ch in seq:
+        b = ord(ch)
+        if b in policy:
+            policy.hit(b)
+            out.append("H")
+        else:
+            policy.insert(b)
+            out.append("M")
+    return "".join(out)
+
+
+def _ids(s: str) -> list[int]:
+    return [ord(c) for c in s]
+
+
+def test_sieve_hand_worked() -> None:
+    # cap 3. 5 D: the hand starts at the tail A (visited: cleared), evicts B, stops at C. 6 B: evicts C. 8 E: D
+    # visited (cleared), evicts B, the hand falls off the head. 10 F: from the tail, A cleared, D evicted. 12 G: E
+    # cleared, F evicted. LRU would have evicted A at 8 E instead of B.
+    s = cp.Sieve(3)
+    assert _play(s, "ABCADBDEAFEG") == "MMMHMMHMHMHM"
+    assert s.order() == _ids("AEG")
+    # cap 2, both visited: the hand clears A and B, wraps past the head to the tail and evicts A.
+    s = cp.Sieve(2)
+    assert _play(s, "ABABCA") == "MMHHMM"
+    assert s.order() == _ids("CA")
+
+
+def test_s3fifo_hand_worked() -> None:
+    """cap 4, small queue 1, main 3, ghost 3, move to main when hit more than once in the small queue."""
+    s = cp.S3FIFO(4, small=0.25)
+    assert (s.s_cap, s.m_cap) == (1, 3)
+    # 1-4 fill S (the cache is not full before). 8 E: A (hit twice) moves to M, B (once) goes to the ghost.
+    # 9 B: C to the ghost first, then B is found there and goes to M. 13 C: F's ghost entry pushes C out of the
+    # 3-entry ghost before C is looked for, so C enters S. 17 I: C (hit twice) to M, H to the ghost. 20 J: I moves
+    # to M, M overflows: A (freq 1) is reinserted with 0, B (0) is evicted. 21 B: B is not in the ghost (an
+    # eviction from M leaves none), J goes to the ghost.
+    assert _play(s, "ABCDAABEBFAGCHCCIIIJB") == "MMMMHHHMMMHMMMHHMHHMM"
+    assert list(s.main) == _ids("CIA") and list(s.small) == _ids("B") and list(s.ghost) == _ids("GHJ")
+
+
+def test_arc_hand_worked() -> None:
+    """c = 2, the paper's cases: 4 C evicts B to B1; 5 B (in B1) raises p to 1, A goes to B2; 6 A (in B2) lowers p
+    to 0, C to B1; 7 D moves B to B2; 8 B (in B2): D to B1; 9 E: B1 is full with T1, C leaves it, A to B2;
+    10 A (B2): E to B1; 11 E (B1): p = 1, B to B2. LRU would hit E at 11."""
+    a = cp.ARC(2)
+    assert _play(a, "ABACBADBEAE") == "MMHMMMMMMMM"
+    assert (list(a.t1), list(a.t2), list(a.b1), list(a.b2), a.p) == ([], _ids("AE"), _ids("D"), _ids("B"), 1.0)
+
+
+def test_frequency_sketch_doorkeeper_and_aging() -> None:
+    f = cp.FrequencySketch(64, sample=8)
+    for b, n in ((1, 5), (2, 2)):
+        for _ in range(n):
+            f.increment(b)
+    # the first sighting only sets the doorkeeper bit; the next ones count in the sketch
+    assert (f.estimate(1), f.estimate(2), f.estimate(3)) == (5, 2, 0)
+    f.increment(3)  # the 8th addition: counters halve (4 -> 2, 1 -> 0), the doorkeeper is cleared
+    assert (f.estimate(1), f.estimate(2), f.estimate(3), f.additions) == (2, 0, 0, 4)
+    g = cp.FrequencySketch(64, sample=1000)
+    for _ in range(20):
+        g.increment(7)
+    assert g.estimate(7) == 16  # 4-bit counters saturate at 15, plus the doorkeeper bit
+
+
+def test_w_tinylfu_hand_worked() -> None:
+    """cap 5: window 1, main 4 (protected 2). Estimates are access counts (no aging this short). 6-8 hits in
+    probation promote A, B, C (A is demoted back when C overflows the protected segment). 9 F: window victim E
+    (1) does not beat the probation victim D (1): E is dropped. 10 E (now 2) vs... F (1) loses to D. 11 G: E (2)
+    beats D (1): D goes. 12 D: G (1) loses to A (2). 13 A promoted again, B demoted. 14 H: D (2) ties E (2): a tie
+    keeps the victim."""
+    w = cp.WTinyLFU(5, window=0.2, protected=0.5, sketch=cp.FrequencySketch(1024, sample=10_000))
+    assert (w.w_cap, w.main_cap, w.prot_cap) == (1, 4, 2)
+    assert _play(w, "ABCDEABCFEGDAH") == "MMMMMHHHMMMMHM"
+    assert (list(w.window), list(w.probation), list(w.protected)) == (_ids("H"), _ids("EB"), _ids("CA"))
+
+
+def test_target_rate_admission_scales_by_the_damped_error() -> None:
+    t = cp.TargetRate(bytes_per_s=100, period=60)
+    t.begin(0, 0)
+    t.begin(60, 24_000)  # 400 B/s against 100: p x sqrt(1/4)
+    assert t.p == 0.5
+    t.begin(90, 25_000)  # within the period: unchanged
+    assert t.p == 0.5
+    t.begin(120, 27_000)  # 50 B/s over the last period: p x sqrt(2)
+    assert abs(t.p - 0.5 * 2 ** 0.5) < 1e-12
+    s = cp.SecondSight(2)
+    assert [s.admit(b) for b in (1, 2, 1, 3, 4, 2)] == [False, False, True, False, False, False]
+
+
+def _write_trace(path: Path, reqs: list[list[int]], span_ms: int = 3_600_000) -> None:
+    last = max(1, len(reqs) - 1)
+    path.write_text("".join(json.dumps({"timestamp": i * span_ms // last, "input_length": 512 * len(ids),
+                                        "output_length": 1, "hash_ids": ids}) + "\n" for i, ids in enumerate(reqs)))
+
+
+def _rows(trace: Path, *args: str) -> dict[tuple[str, float], dict[str, object]]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, str(TOOL), "--trace", str(trace), "--json", "--no-progress", *args],
+                         capture_output=True, text=True, check=True, env=env, cwd=REPO)
+    return {(r["policy"], r["codec_ratio"]): r for r in json.loads(out.stdout)}
+
+
+def test_cpu_tier_write_through_hand_worked(tmp_path: Path) -> None:
+    """Disk LRU of 3 blocks (110 MB) behind a CPU LRU of 2 (0.08 GB). [1], [2]: to both tiers. [1]: a CPU hit, which
+    the disk tier never sees. [3]: to both (the CPU tier drops 2). [1]: a CPU hit. [4]: to both; the disk tier
+    evicts 1, its least recent (its own last touch of 1 was the store). [2]: a disk hit, promoted. [1]: a miss in
+    both. Without the CPU tier the disk LRU evicts 2 at [4], misses [2] and hits the last [1]."""
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace, [[1], [2], [1], [3], [1], [4], [2], [1]])
+    cpu = _rows(trace, "--budget-tb", "0.00011", "--policies", "lru", "--cpu-tier-gb", "0.08")[("lru", 1.0)]
+    plain = _rows(trace, "--budget-tb", "0.00011", "--policies", "lru")[("lru", 1.0)]
+    size = int(plain["bytes_written"]) // 5  # type: ignore[call-overload]
+    assert (cpu["token_hit_ratio"], cpu["cpu_hit_ratio"], cpu["evictions"]) == (3 / 8, 2 / 8, 2)
+    assert (cpu["bytes_read"], cpu["bytes_written"], cpu["cpu_tier_gb"]) == (size, 5 * size, 0.08)
+    assert (plain["token_hit_ratio"], plain["cpu_hit_ratio"], plain["evictions"]) == (3 / 8, 0.0, 2)
+    assert (plain["bytes_read"], plain["cpu_tier_gb"]) == (3 * size, 0.0)
+    # drive-writes per day: 5 blocks over 110 MB in the trace's hour, times 24
+    assert abs(float(cpu["drive_writes_per_day"]) - 5 * size / 110e6 * 24) < 1e-9  # type: ignore[arg-type]
+
+
+def test_codec_ratio_makes_room_for_more_blocks(tmp_path: Path) -> None:
+    """80 MB holds 2 uncompressed chunk files and 3 at ratio 1.5: [1,2,3] twice misses at 2 blocks (1 was
+    evicted by 3), hits all three at 3."""
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace, [[1, 2, 3], [1, 2, 3]])
+    rows = _rows(trace, "--budget-tb", "0.00008", "--policies", "lru,kvformat,s3fifo", "--codec-ratio", "1,1.5")
+    size1 = int(rows[("lru", 1.0)]["bytes_written"]) // 6  # type: ignore[call-overload]
+    hdr = size1 - ROW
+    assert 0 < hdr < 1 << 20
+    for p in ("lru", "kvformat", "s3fifo"):  # S3-FIFO at 2 blocks: each store pushes the oldest through S to G
+        assert rows[(p, 1.0)]["token_hit_ratio"] == 0.0
+        assert rows[(p, 1.5)]["token_hit_ratio"] == 0.5
+        assert rows[(p, 1.5)]["bytes_written"] == 3 * (hdr + 23_986_176)  # ceil(ROW / 1.5), header not compressed
+
+
+def test_second_sight_admission_hand_worked(tmp_path: Path) -> None:
+    """[1] is refused at first sight, stored at the second, hit at the third; [5,6] likewise (both blocks offered,
+    both refused, then both stored): 3 of 9 blocks hit against plain LRU's 6, for the same 3 blocks written."""
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace, [[1], [1], [1], [5, 6], [5, 6], [5, 6]])
+    rows = _rows(trace, "--budget-tb", "0.00008", "--policies", "lru,lru+second-sight")
+    size = int(rows[("lru", 1.0)]["bytes_written"]) // 3  # type: ignore[call-overload]
+    assert rows[("lru", 1.0)]["token_hit_ratio"] == 6 / 9
+    adm = rows[("lru+second-sight", 1.0)]
+    assert (adm["token_hit_ratio"], adm["bytes_written"], adm["evictions"]) == (3 / 9, 3 * size, 1)

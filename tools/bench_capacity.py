@@ -12,6 +12,11 @@ is unlinked and each load reads its files, so the index is checked against a rea
   ``kvformat-slru[:share]``: ``SegmentedLRUIndex`` (stored-only files in probation, evicted before loaded ones,
   whose protected segment holds ``share`` of the budget, 0.2 by default); ``kvformat-slru-prefix``: both rules;
   ``kvformat-adaptive[:share]``: ``AdaptiveSegmentedIndex`` (protects only while a segmented shadow beats an LRU one);
+* ``s3fifo[:T]``, ``w-tinylfu[:W]``, ``arc``, ``sieve``: the field's online policies (tools/capacity_policies.py,
+  from the papers), by block, the same file sizes and prefix-chain lookups; ``s3fifo:1`` moves a block to the main
+  queue after one hit in the small one (the paper's pseudo-code says more than one), ``w-tinylfu:0.2`` a 20 % window;
+* ``POLICY+second-sight`` / ``POLICY+dwpd:N``: an admission setting in front of the disk tier (write a block only
+  at its second offer; or write each request's new blocks with a probability steered to N drive-writes a day);
 * ``lru``: plain LRU by block, written here, the same file sizes, chunks touched in load order (what every cache does);
   ``lru-oracle-admission``: the same LRU, storing only blocks a later request holds (it knows the future: a
   diagnostic of how much of the gap to ``optimal`` is admission, not a policy that could ship);
@@ -20,8 +25,14 @@ is unlinked and each load reads its files, so the index is checked against a rea
 * ``optimal``: offline Belady over prefix chains (evict the block whose next use is farthest; a block's next use
   is never earlier than its predecessor's, so it drops tails first; a block not worth caching is not stored).
 
+Every row has the disk tier's bytes written and drive-writes per day (bytes written over the budget, scaled from
+the trace's span to 24 h). ``--codec-ratio 1,1.4`` repeats every row with payloads stored in 1/r of their bytes;
+``--cpu-tier-gb G`` puts vLLM's CPU tier (LRU, write-through, disk hits promoted) in front of the block-level
+policies and reports its share of the hits.
+
     python tools/bench_capacity.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \
-        --model deepseek-v3 --budget-tb 0.5,1,2,4 [--json] [--plot FILE.png] [--root DIR --scale 4096]
+        --model deepseek-v3 --budget-tb 0.5,1,2,4 [--codec-ratio 1,1.4] [--cpu-tier-gb 128] [--json]
+        [--plot FILE.png] [--root DIR --scale 4096]
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import os
 import shutil
 import sys
@@ -37,6 +49,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # capacity_policies beside this file
+
+from capacity_replay import ANCHORS, make_index, replay_blocks  # noqa: E402
 
 BLOCK_TOKENS = 512
 TB = 10**12
@@ -55,6 +70,12 @@ def header_bytes(model: str) -> int:
     return len(hdr)
 
 
+def load_times(path: str) -> list[float]:
+    """Each request's arrival in seconds (the trace's ``timestamp`` is in ms)."""
+    with open(path) as f:
+        return [float(json.loads(line)["timestamp"]) / 1000 for line in f if line.strip()]
+
+
 def load_trace(path: str) -> list[tuple[list[int], int]]:
     """(full-block ids, input tokens) per request; a trailing partial block is never stored (vLLM hashes full ones)."""
     out = []
@@ -68,36 +89,20 @@ def load_trace(path: str) -> list[tuple[list[int], int]]:
 
 
 class Result:
-    def __init__(self, policy: str, budget_tb: float) -> None:
-        self.policy, self.budget_tb = policy, budget_tb
-        self.hit = self.total = self.written = self.read = self.evictions = 0
+    def __init__(self, policy: str, budget_tb: float, codec_ratio: float = 1.0, cpu_tier_gb: float = 0.0) -> None:
+        self.policy, self.budget_tb, self.codec_ratio, self.cpu_tier_gb = policy, budget_tb, codec_ratio, cpu_tier_gb
+        self.hit = self.total = self.written = self.read = self.evictions = self.cpu_hit = 0
 
-    def row(self) -> dict[str, Any]:
-        return {"policy": self.policy, "budget_tb": self.budget_tb,
-                "token_hit_ratio": self.hit / self.total if self.total else 0.0, "bytes_written": self.written,
+    def row(self, duration_s: float = 0.0) -> dict[str, Any]:
+        """``drive_writes_per_day``: disk bytes written over the budget, scaled from the trace's span to 24 h."""
+        budget = self.budget_tb * TB
+        dwpd = self.written / budget * 86400 / duration_s if budget > 0 and duration_s > 0 else 0.0
+        return {"policy": self.policy, "budget_tb": self.budget_tb, "codec_ratio": self.codec_ratio,
+                "cpu_tier_gb": self.cpu_tier_gb,
+                "token_hit_ratio": self.hit / self.total if self.total else 0.0,
+                "cpu_hit_ratio": self.cpu_hit / self.total if self.total else 0.0,
+                "bytes_written": self.written, "drive_writes_per_day": dwpd,
                 "bytes_read": self.read, "evictions": self.evictions}
-
-
-def make_index(policy: str, budget: int) -> Any:
-    """The index class a ``kvformat*`` policy names; ``kvformat-slru:0.3`` sets the protected share."""
-    from kvformat.cache._lru import LRUIndex
-    from kvformat.cache._prefix import PrefixIndex
-    from kvformat.cache._slru import AdaptiveSegmentedIndex, SegmentedLRUIndex
-
-    class SegmentedPrefixIndex(PrefixIndex, SegmentedLRUIndex):
-        """Dead chunks first, then probation, then protected (the MRO chains the two subclasses)."""
-
-    name, _, arg = policy.partition(":")
-    if name == "kvformat":
-        return LRUIndex(budget)
-    if name == "kvformat-prefix":
-        return PrefixIndex(budget)
-    if name in ("kvformat-slru", "kvformat-slru-prefix"):
-        cls = SegmentedLRUIndex if name == "kvformat-slru" else SegmentedPrefixIndex
-        return cls(budget, float(arg)) if arg else cls(budget)
-    if name == "kvformat-adaptive":
-        return AdaptiveSegmentedIndex(budget, float(arg)) if arg else AdaptiveSegmentedIndex(budget)
-    raise SystemExit(f"unknown policy {policy!r}; expected one of {POLICIES}")
 
 
 def replay_index(trace: list[tuple[list[int], int]], budget: int, size: int, res: Result, *, policy: str,
@@ -146,8 +151,8 @@ def replay_index(trace: list[tuple[list[int], int]], budget: int, size: int, res
                 idx.link(rel, rels[i - 1] if i else None)
             drop(idx.reserve(size, rel))
             if root:
-                with open(path(blocks[i]), "wb") as f:
-                    f.write(bytes(ondisk))
+                with open(path(blocks[i]), "wb") as out:
+                    out.write(bytes(ondisk))
             drop(idx.add(rel, size, reserved=size))
             res.written += size
     if root:
@@ -258,15 +263,28 @@ def replay_optimal(trace: list[tuple[list[int], int]], budget: int, size: int, r
 
 
 POLICIES = ("kvformat", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive", "lru",
-            "lru-oracle-admission", "vllm-fs-replicated", "vllm-fs-per-worker-tp8", "optimal")
+            "s3fifo", "s3fifo:1", "w-tinylfu", "arc", "sieve", "lru-oracle-admission", "vllm-fs-replicated",
+            "vllm-fs-per-worker-tp8", "optimal")
 
 
 def run(trace: list[tuple[list[int], int]], model: str, budgets: list[float], policies: Iterable[str],
-        root: str | None, scale: int, progress: bool, keep: bool = False) -> list[dict[str, Any]]:
+        root: str | None, scale: int, progress: bool, keep: bool = False, times: list[float] | None = None,
+        codec_ratios: Iterable[float] = (1.0,), cpu_tier_gb: float = 0.0,
+        cpu_touches_disk: bool = False) -> list[dict[str, Any]]:
+    """Every (codec ratio, budget, policy). A codec of ratio r stores a chunk's payload in 1/r of its bytes (the
+    header is not compressed), so the same budget holds ~r times the blocks and a store writes 1/r the bytes;
+    vLLM's fs tier has no codec, so its rows are made at r = 1 only. With ``cpu_tier_gb`` the block-level
+    policies (anchors, ``kvformat``) run behind vLLM's CPU tier of that many GB of payload; ``optimal``, the
+    oracle and the fs-tier rows do not (they stay disk-only references)."""
     layers, width, dsize = MODELS[model]
     row = BLOCK_TOKENS * layers * width * dsize
     hdr = header_bytes(model)
-    jobs = [(p, b) for b in budgets for p in policies]
+    times = times if times is not None else [0.0] * len(trace)
+    duration = times[-1] - times[0] if times else 0.0
+    cpu_cap = int(cpu_tier_gb * 1e9) // row
+    policies = list(policies)
+    jobs = [(r, p, b) for r in codec_ratios for b in budgets for p in policies
+            if r == 1 or not p.startswith("vllm-fs")]
     done = [0]
     steps = len(jobs) * len(trace)
     t0 = time.monotonic()
@@ -281,44 +299,51 @@ def run(trace: list[tuple[list[int], int]], model: str, budgets: list[float], po
 
     rows = []
     # Each request's next uses, computed once and shared by every budget of the two rows that know the future.
-    nxt = next_uses(trace) if {"optimal", "lru-oracle-admission"} & {p for p, _ in jobs} else []
-    for p, btb in jobs:
+    nxt = next_uses(trace) if {"optimal", "lru-oracle-admission"} & {p for _, p, _ in jobs} else []
+    for ratio, p, btb in jobs:
         budget = int(btb * TB)
-        res = Result(p, btb)
-        if p.startswith("kvformat"):
+        size = hdr + (row if ratio == 1 else math.ceil(row / ratio))
+        blockwise = "+" in p or (cpu_cap > 0 and (p.partition(":")[0] in ANCHORS or p.startswith("kvformat")))
+        res = Result(p, btb, ratio, cpu_tier_gb if blockwise else 0.0)
+        if blockwise:
+            replay_blocks(trace, times, budget, size, res, tick, p, cpu_cap, cpu_touches_disk)
+        elif p.partition(":")[0] in ANCHORS and p != "lru":
+            replay_blocks(trace, times, budget, size, res, tick, p)
+        elif p.startswith("kvformat"):
             sub = None
             if root:
-                sub = os.path.join(root, f"{p.replace(':', '-')}-{btb}")
-            replay_index(trace, budget, row + hdr, res, policy=p, root=sub, scale=scale, hdr=hdr, keep=keep, tick=tick)
+                sub = os.path.join(root, f"{p.replace(':', '-')}-{btb}" + (f"-r{ratio}" if ratio != 1 else ""))
+            replay_index(trace, budget, size, res, policy=p, root=sub, scale=scale, hdr=hdr, keep=keep, tick=tick)
         elif p == "lru":
-            replay_lru(trace, budget, row + hdr, res, tick)
+            replay_lru(trace, budget, size, res, tick)
         elif p == "lru-oracle-admission":
-            replay_lru(trace, budget, row + hdr, res, tick, nxt)
+            replay_lru(trace, budget, size, res, tick, nxt)
         elif p == "vllm-fs-replicated":
             replay_vllm_fs(trace, budget, row, res, tick)
         elif p == "vllm-fs-per-worker-tp8":
             replay_vllm_fs(trace, budget, 8 * row, res, tick)
         elif p == "optimal":
-            replay_optimal(trace, budget, row + hdr, res, tick, nxt)
+            replay_optimal(trace, budget, size, res, tick, nxt)
         else:
             raise SystemExit(f"unknown policy {p!r}; expected one of {POLICIES}")
-        rows.append(res.row())
+        rows.append(res.row(duration))
     if progress:
         sys.stderr.write(f"\r{' ' * 60}\r")
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    opt = {r["budget_tb"]: r["token_hit_ratio"] for r in rows if r["policy"] == "optimal"}
+    opt = {(r["codec_ratio"], r["budget_tb"]): r["token_hit_ratio"] for r in rows if r["policy"] == "optimal"}
     tp8 = {r["budget_tb"]: r["token_hit_ratio"] for r in rows if r["policy"] == "vllm-fs-per-worker-tp8"}
-    lines = [f"{'policy':<24}{'budget TB':>10}{'hit ratio':>11}{'x optimal':>11}{'x tp8 fs':>10}"
-             f"{'written TB':>12}{'read TB':>10}{'evictions':>11}"]
+    lines = [f"{'policy':<24}{'codec':>6}{'cpu GB':>7}{'budget TB':>10}{'hit ratio':>11}{'cpu hit':>9}"
+             f"{'x optimal':>10}{'x tp8 fs':>9}{'written TB':>11}{'DWPD':>8}{'read TB':>9}{'evictions':>10}"]
     for r in rows:
         h = r["token_hit_ratio"]
-        o, t = opt.get(r["budget_tb"]), tp8.get(r["budget_tb"])
-        lines.append(f"{r['policy']:<24}{r['budget_tb']:>10g}{h:>11.4f}"
-                     f"{(f'{h / o:.3f}' if o else '-'):>11}{(f'{h / t:.2f}' if t else '-'):>10}"
-                     f"{r['bytes_written'] / TB:>12.2f}{r['bytes_read'] / TB:>10.2f}{r['evictions']:>11}")
+        o, t = opt.get((r["codec_ratio"], r["budget_tb"])), tp8.get(r["budget_tb"])
+        lines.append(f"{r['policy']:<24}{r['codec_ratio']:>6g}{r['cpu_tier_gb']:>7g}{r['budget_tb']:>10g}{h:>11.4f}"
+                     f"{r['cpu_hit_ratio']:>9.4f}{(f'{h / o:.3f}' if o else '-'):>10}"
+                     f"{(f'{h / t:.2f}' if t else '-'):>9}{r['bytes_written'] / TB:>11.2f}"
+                     f"{r['drive_writes_per_day']:>8.1f}{r['bytes_read'] / TB:>9.2f}{r['evictions']:>10}")
     return "\n".join(lines)
 
 
@@ -332,9 +357,11 @@ def plot(rows: list[dict[str, Any]], out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
-    for p in dict.fromkeys(r["policy"] for r in rows):
-        pts = sorted((r["budget_tb"], r["token_hit_ratio"]) for r in rows if r["policy"] == p)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+    for p, ratio in dict.fromkeys((r["policy"], r["codec_ratio"]) for r in rows):
+        pts = sorted((r["budget_tb"], r["token_hit_ratio"]) for r in rows
+                     if r["policy"] == p and r["codec_ratio"] == ratio)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
+                linestyle="-" if ratio == 1 else "--", label=p if ratio == 1 else f"{p} (codec {ratio:g}x)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("disk budget (TB)")
     ax.set_ylabel("token hit ratio")
@@ -358,19 +385,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--codec-ratio", default="1", help="payload compression ratios, comma-separated (1: no codec)")
+    ap.add_argument("--cpu-tier-gb", type=float, default=0.0,
+                    help="put vLLM's CPU tier (LRU, GB of payload) in front of the disk tier, write-through")
+    ap.add_argument("--cpu-hits-touch-disk", action="store_true",
+                    help="with --cpu-tier-gb: a CPU hit also refreshes the block's recency in the disk tier")
     a = ap.parse_args(argv)
     trace = load_trace(a.trace)
+    times = load_times(a.trace)
     if a.limit:
-        trace = trace[: a.limit]
+        trace, times = trace[: a.limit], times[: a.limit]
     budgets = [float(x) for x in a.budget_tb.split(",")]
+    ratios = [float(x) for x in a.codec_ratio.split(",")]
+    if any(r < 1 for r in ratios):
+        raise SystemExit(f"--codec-ratio: expected ratios >= 1, got {a.codec_ratio}")
     t0 = time.monotonic()
-    rows = run(trace, a.model, budgets, a.policies.split(","), a.root, a.scale, not a.no_progress, a.keep_files)
+    rows = run(trace, a.model, budgets, a.policies.split(","), a.root, a.scale, not a.no_progress, a.keep_files,
+               times, ratios, a.cpu_tier_gb, a.cpu_hits_touch_disk)
     wall = time.monotonic() - t0
     if a.json:
         print(json.dumps(rows))
     else:
         print(table(rows))
-        print(f"{len(trace)} requests, {len(budgets)} budgets, {wall:.1f} s, load {os.getloadavg()[0]:.1f}")
+        span = (times[-1] - times[0]) / 3600 if times else 0.0
+        print(f"{len(trace)} requests over {span:.2f} h (DWPD scales to 24 h), {len(budgets)} budgets, "
+              f"{wall:.1f} s, load {os.getloadavg()[0]:.1f}")
     if a.plot:
         plot(rows, a.plot)
     return 0
