@@ -18,7 +18,8 @@ Two kinds of mutation:
   checksum) is recomputed after mutating, so the JSON parser, the schema checks, the tiling
   checks and the zstd decoder all see hostile input: JSON bombs (deep nesting, giant strings,
   duplicate keys), wrong types, overlapping/out-of-range offsets, swapped layouts, a valid header
-  over another block's payload, truncated or size-lying zstd frames.
+  over another block's payload, truncated or size-lying zstd frames, plane-coded files (§6.2) whose plane
+  table or planes lie.
 
 Usage::
 
@@ -93,7 +94,7 @@ def _payload(rng: random.Random, n: int, compressible: bool) -> bytes:
 
 
 def make_seeds(seed: int = 0) -> list[Seed]:
-    """Valid files of several layouts, sizes and both codecs; payload sizes all differ (see swaps)."""
+    """Valid files of several layouts, sizes and every codec; payload sizes all differ (see swaps)."""
     rng = random.Random(seed)
     specs = [
         ("mla3", K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V2-Lite", "bfloat16",
@@ -109,9 +110,9 @@ def make_seeds(seed: int = 0) -> list[Seed]:
     keys = K.Keyring.of([rng.randbytes(32)])
     seeds = []
     for name, lay in specs:
-        for codec in ("none",) if lay.seal else ("none", "zstd"):
+        for codec in ("none",) if lay.seal else ("none", "zstd", "planes"):
             key = K.BlockKey(rng.randbytes(32).hex())
-            pay = _payload(rng, lay.payload_bytes, codec == "zstd")
+            pay = _payload(rng, lay.payload_bytes, codec != "none")
             ring = keys if lay.seal else None
             hdr, data = K.encode(pay, lay, key, codec=codec, provenance=K.Provenance(writer="fuzz", created=1),
                                  keys=ring)
@@ -175,7 +176,8 @@ def parse(seed: Seed) -> tuple[dict[str, Any], bytes]:
 
 def _with_data(doc: dict[str, Any], data: bytes) -> dict[str, Any]:
     """Point a compressed header at new stored bytes (size and data checksum), so the codec sees them."""
-    doc["kvf.zstd"] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}
+    name = "kvf.planes" if "kvf.planes" in doc else "kvf.zstd"
+    doc[name] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}
     doc["__metadata__"]["kvf.dxxh3"] = xxhash.xxh3_64_hexdigest(data)
     return doc
 
@@ -192,6 +194,11 @@ def _boundaries(seed: Seed) -> list[int]:
             marks.update({i, i + len(key)})
     if seed.codec == "zstd":  # inside the frame header, the first block, the end
         marks.update(seed.hdr_end + d for d in (4, 5, 6, 9, 12, 20))
+    if seed.codec == "planes":  # each plane's start and end, inside each frame's header
+        pos = seed.hdr_end
+        for _, n in json.loads(parse(seed)[0]["__metadata__"]["kvf.plane_table"]):
+            marks.update(pos + d for d in (0, 4, 5, 6, 9, n - 1, n))
+            pos += n
     return sorted(m for m in marks if 0 <= m < len(f))
 
 
@@ -380,7 +387,7 @@ def a_swap(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     if kind == 0:  # a valid header over another block's payload
         return s.file[:s.hdr_end] + o.file[o.hdr_end:]
     if kind == 1:  # same layout, another block's payload (and size): only the data checksum can tell
-        other = _payload(rng, len(s.payload), s.codec == "zstd")
+        other = _payload(rng, len(s.payload), s.codec != "none")
         hdr, data = K.encode(other, s.layout, s.key, codec=s.codec, keys=s.keys)
         return s.file[:s.hdr_end] + bytes(data)
     sd, sdata = parse(s)
@@ -391,7 +398,7 @@ def a_swap(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     # layout fields of the other file over this file's tensors and data. Not kv_dtype: it is a label
     # (packed dtypes are U8), and not kvf.layers on an uncompressed file: it is only read when compressed.
     sm, om = sd["__metadata__"], od["__metadata__"]
-    differ = [k for k in ("kvf.tokens_per_block", "kvf.blocks_per_chunk", "kvf.codec") + (("kvf.layers",) if s.codec == "zstd" else ())
+    differ = [k for k in ("kvf.tokens_per_block", "kvf.blocks_per_chunk", "kvf.codec") + (("kvf.layers",) if s.codec != "none" else ())
               if k in om and om[k] != sm.get(k)]
     if differ:
         k = rng.choice(differ)
@@ -466,6 +473,73 @@ def a_zstd(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     return assemble(_with_data(doc, new), new)
 
 
+def a_planes(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
+    """Plane-coded files (spec §6.2) whose plane table or planes lie: sizes, methods, plane count, frames cut,
+    swapped, lying about their size or decoding to other bytes. The data checksum is recomputed each time, so
+    the table check and the codec themselves have to catch them."""
+    if s.codec != "planes":
+        s = rng.choice([x for x in seeds if x.codec == "planes"])
+    doc, data = parse(s)
+    meta = doc["__metadata__"]
+    table = json.loads(meta["kvf.plane_table"])
+    parts, pos = [], 0
+    for _, n in table:
+        parts.append(data[pos:pos + n])
+        pos += n
+    w, n = len(table), len(s.payload)
+    i = rng.randrange(w)
+    z = zstandard.ZstdCompressor(level=1, write_content_size=True)
+    kind = rng.randrange(9)
+    if kind == 0:  # one plane cut, extended or emptied, its size in the table kept or followed
+        parts[i] = rng.choice((parts[i][:len(parts[i]) // 2], parts[i][:-1], parts[i] + b"\0", b""))
+        if rng.random() < 0.7:
+            table[i][1] = len(parts[i])
+    elif kind == 1:  # a method relabelled (raw <-> zstd), or one the spec does not name
+        table[i][0] = rng.choice(("zstd" if table[i][0] == "raw" else "raw", "lz4", "", 1, None))
+    elif kind == 2:  # another plane count: planes merged, split or dropped
+        table = rng.choice((table[:-1], table + [["raw", 0]], [["raw", n]], [["zstd", len(data)]],
+                            [["raw", n // 8]] * 8, [["raw", 1]] * 9, []))
+    elif kind == 3:  # a frame that declares another plane size, or holds another one under the right size
+        body = s.payload[i::w]
+        new = z.compress(rng.choice((body[:-1], body + b"\0", body[: len(body) // 2])))
+        if rng.random() < 0.5 and len(new) > 6:
+            b = bytearray(new)
+            p, size = _fcs_pos(new)
+            val = len(body)
+            if size and val < 1 << (8 * size):
+                b[p:p + size] = val.to_bytes(size, "little")
+            new = bytes(b)
+        parts[i], table[i] = new, ["zstd", len(new)]
+    elif kind == 4:  # planes in another order (same sizes): only kvf.raw_xxh3 can tell
+        order = list(range(w))
+        rng.shuffle(order)
+        parts, table = [parts[j] for j in order], [table[j] for j in order]
+    elif kind == 5:  # the right sizes, other bytes in one plane
+        body = _payload(rng, n // w, True)
+        parts[i] = z.compress(body) if table[i][0] == "zstd" else body
+        table[i][1] = len(parts[i])
+    elif kind == 6:  # bit flips inside one stored plane
+        b = bytearray(parts[i])
+        for _ in range(rng.choice((1, 2, 8))):
+            if b:
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        parts[i] = bytes(b)
+    elif kind == 7:  # a table that is not the spec's syntax
+        meta["kvf.plane_table"] = rng.choice(("", "[", "{}", "[[\"raw\"]]", '[["raw", -1]]', '[["raw", 1.5]]',
+                                              '[["raw", true]]', "[" * 5000, '[["raw", "%d"]]' % n,
+                                              json.dumps([["raw", n // w]] * w + [["raw", 0]] * 8)))
+        return assemble(_with_data(doc, data), data)
+    else:  # the plane table dropped, or put on another codec
+        if rng.random() < 0.5:
+            del meta["kvf.plane_table"]
+        else:
+            meta["kvf.codec"] = rng.choice(("zstd", "none"))
+        return assemble(_with_data(doc, data), data)
+    meta["kvf.plane_table"] = json.dumps(table, separators=(",", ":"))  # as written: a no-op stays the same file
+    new = b"".join(parts)
+    return assemble(_with_data(doc, new), new)
+
+
 def a_padding(rng: random.Random, s: Seed, seeds: list[Seed]) -> bytes:
     """Non-space padding, padding inside the JSON, JSON that is not one object."""
     doc, data = parse(s)
@@ -497,7 +571,8 @@ RAW: dict[str, Callable[..., bytes]] = {
 }
 ADV: dict[str, Callable[..., bytes]] = {
     "meta_value": a_meta_value, "meta_delete": a_meta_delete, "dup_key": a_dup_key, "json_bomb": a_json_bomb,
-    "tensors": a_tensors, "swap": a_swap, "zstd": a_zstd, "padding": a_padding, "version": a_version,
+    "tensors": a_tensors, "swap": a_swap, "zstd": a_zstd, "planes": a_planes, "padding": a_padding,
+    "version": a_version,
 }
 MUTATORS = {**RAW, **ADV}
 
@@ -627,8 +702,8 @@ def run(cases: int, seed: int = 1, *, per_case_s: float = 10.0, tracemalloc_ever
                 mname, data = queue.pop()
             else:
                 mname = rng.choices(names, weights)[0]
-                if mname == "zstd" and s.codec != "zstd":  # the checks must know which file was mutated
-                    s = rng.choice([x for x in seeds if x.codec == "zstd"])
+                if mname in ("zstd", "planes") and s.codec != mname:  # the checks must know which file was mutated
+                    s = rng.choice([x for x in seeds if x.codec == mname])
                 data = MUTATORS[mname](rng, s, seeds)
             if data in valid:
                 summary["skipped_unchanged"] += 1

@@ -48,12 +48,23 @@ def _payload(n: int, seed: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
+def _bf16_payload(n: int, seed: int, itemsize: int = 2) -> bytes:
+    """KV-like floats (normal, per-channel scale): their high byte planes compress, their low ones do not (§6.2).
+    bf16 by truncating float32 (``itemsize`` 2), or the float32 values themselves (4)."""
+    rng = np.random.default_rng(seed)
+    words = (rng.standard_normal(n // itemsize) * np.exp(rng.standard_normal(16)).repeat(-(-n // itemsize // 16))
+             [:n // itemsize]).astype(np.float32).view(np.uint32)
+    return (words >> 16).astype(np.uint16).tobytes() if itemsize == 2 else words.tobytes()
+
+
 def _names(n: int, prefix: str = "model.layers") -> list[str]:
     return [f"{prefix}.{i}.self_attn.attn" for i in range(n)]
 
 
 def file_bytes(payload: bytes, layout: K.CanonicalLayout, key: K.BlockKey, prov: K.Provenance, codec: str = "none",
-               level: int = 3) -> bytes:
+               level: int | None = None) -> bytes:
+    if level is None:
+        level = 1 if codec == "planes" else 3  # each codec's default (§6)
     hdr, data = K.encode(payload, layout, key, provenance=prov, codec=codec, level=level)
     return hdr + bytes(data)
 
@@ -169,6 +180,17 @@ def valid_vectors() -> dict[str, tuple[bytes, bytes, K.CanonicalLayout]]:
     Lz = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(4), 16, 128)
     zpay = bytes(np.random.default_rng(6).integers(0, 4, Lz.payload_bytes, dtype=np.uint8))  # compressible
     add("zstd-bf16-4layers", Lz, K.BlockKey("f6" * 16), _prov(tp=2, row="replicated"), 6, codec="zstd", payload=zpay)
+    # §6.2 byte planes: bf16 (2 planes: the high one a frame, the low one raw), f32 (4 planes), and a packed U8
+    # layout (fp8_ds_mla: one plane, one frame).
+    Lp = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 16, 64)
+    add("planes-bf16-2layers", Lp, K.BlockKey("c1" * 16), _prov(tp=2, row="replicated"), 0, codec="planes",
+        payload=_bf16_payload(Lp.payload_bytes, 13))
+    Lp4 = K.CanonicalLayout.uniform("org/model-f32", "float32", _names(2), 8, 64, blocks_per_chunk=2)
+    add("planes-f32-2blocks", Lp4, K.BlockKey("c2" * 16), _prov(tp=1, row="replicated"), 0, codec="planes",
+        payload=_bf16_payload(Lp4.payload_bytes, 14, itemsize=4))
+    Lp1 = K.CanonicalLayout.uniform("deepseek-ai/DeepSeek-V3.2-Exp", "fp8_ds_mla", _names(2), 4, 656)
+    add("planes-fp8-ds-mla-1plane", Lp1, K.BlockKey("c3" * 16), _prov(tp=8, row="replicated"), 0, codec="planes",
+        payload=bytes(np.random.default_rng(15).integers(0, 8, Lp1.payload_bytes, dtype=np.uint8)))
     # §4.3 (1.1): a DSA chunk (DeepSeek-V3.2 / GLM-5): MLA latents and indexer caches interleaved, each
     # layer with its own dtype, shape and role.
     out_dsa = dsa_layout()
@@ -267,7 +289,7 @@ PINS: dict[str, dict[str, str]] = {
     "truncated-data": {"message": r"^truncated data: need 4608 bytes, have 4607$"},
     "truncated-header": {"message": r"^truncated header: need 4096 bytes, have 2000$"},
     "truncated-length": {"message": r"^truncated length field: need 8 bytes, have 5$"},
-    "unknown-codec": {"message": r"^kvf\.codec: expected one of \('none', 'zstd'\), got 'lz4'$"},
+    "unknown-codec": {"message": r"^kvf\.codec: expected one of \('none', 'zstd', 'planes'\), got 'lz4'$"},
     "unknown-dtype": {"field": "tensor model.layers.0.self_attn.attn.dtype", "message": r": unknown dtype 'BF17'$"},
     "uppercase-key": {"message": r"^key\.hash: expected lowercase hex, got '0123456789ABCDEF"},
     "zero-header": {"message": r"^not a kvformat file: the header does not start with the kvformat prefix$"},
@@ -294,6 +316,18 @@ PINS: dict[str, dict[str, str]] = {
     "sealed-level-relabelled": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}"},
     "sealed-tag-digit-changed": {"message": r"^authentication tag does not verify under key [0-9a-f]{16}"},
     "sealed-clear-file-expected-sealed": {"message": r"^layout mismatch on seal: expected 'encrypt', found None$"},
+    "planes-wrong-tensor": {"field": "tensors",
+                            "message": r"^tensors: a compressed file holds exactly one U8 tensor named kvf\.planes$"},
+    "planes-unknown-method": {"message": r"^kvf\.plane_table: expected a list of 1\.\.8 \[method, stored bytes\] "
+                                         r"pairs, method one of \('raw', 'zstd'\)$"},
+    "planes-sizes-mismatch": {"message": r"^kvf\.plane_table: the planes store (\d+) bytes, the data section holds "
+                                         r"\d+$"},
+    "planes-table-on-zstd": {"message": r"^kvf\.plane_table: present in a file that is not plane-coded$"},
+    "planes-frame-wrong-size": {"message": r"^plane 1: zstd frame declares 2049 decoded bytes, the layout needs "
+                                           r"2048$"},
+    "planes-frame-truncated": {"message": r"^plane 1: zstd frame decoded to \d+ bytes, expected 2048$"},
+    "planes-raw-mismatch": {"message": r"^raw checksum mismatch: header says [0-9a-f]{16}, bytes hash to "
+                                       r"[0-9a-f]{16}$"},
     "zstd-wrong-tensor": {"field": "tensors",
                           "message": r"^tensors: a compressed file holds exactly one U8 tensor named kvf\.zstd$"},
 }
@@ -414,6 +448,7 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
     d2["__metadata__"]["kvf.dxxh3"] = xxhash.xxh3_64_hexdigest(cut)
     add("zstd-truncated-frame", forge(d2, cut), "CodecError", "F-6.4", "frame cut short (checksum of the cut bytes)",
         zero_filled=True)
+    _planes_invalid(add)
     # §7 versioning
     add("major-2", text_edit(f, b'"kvformat":"1.0"', b'"kvformat":"2.0"'), "UnsupportedVersionError", "F-7.1",
         "format major 2")
@@ -497,6 +532,48 @@ def invalid_vectors() -> dict[str, InvalidSpec]:
         expect_layout=wrong_role.to_dict())
     _sealed_invalid(add, f, L, key)
     return v
+
+
+def _planes_invalid(add: Callable[..., None]) -> None:
+    """§6.2: invalid plane-coded files, forged from a valid bf16 one (plane 0 raw, plane 1 a zstd frame)."""
+    Lp = K.CanonicalLayout.uniform("test/tiny-mla", "bfloat16", _names(2), 16, 64)
+    pay = _bf16_payload(Lp.payload_bytes, 13)
+    pf = file_bytes(pay, Lp, K.BlockKey("c1" * 16), _prov(tp=2, row="replicated"), "planes")
+    pdoc, pdata = split(pf)
+    table = json.loads(pdoc["__metadata__"]["kvf.plane_table"])
+    assert [m for m, _ in table] == ["raw", "zstd"], table
+    plane = Lp.payload_bytes // 2
+    d2 = json.loads(json.dumps(pdoc))
+    d2 = {("kvf.zstd" if k == "kvf.planes" else k): x for k, x in d2.items()}
+    add("planes-wrong-tensor", forge(d2, pdata), "SchemaError", "F-6.1",
+        "a plane-coded file whose one tensor is named kvf.zstd")
+    add("planes-unknown-method", with_meta(pf, kvf__plane_table=json.dumps([["raw", plane], ["lz4", table[1][1]]])),
+        "SchemaError", "F-6.5", "plane 1 stored with a method the spec does not name", field="kvf.plane_table")
+    add("planes-sizes-mismatch", with_meta(pf, kvf__plane_table=json.dumps([["raw", plane], ["zstd",
+                                                                                          table[1][1] + 1]])),
+        "SchemaError", "F-6.5", "the plane table's sizes sum to one byte more than the data section",
+        field="kvf.plane_table")
+    zf = valid_vectors()["zstd-bf16-4layers"][0]
+    add("planes-table-on-zstd", with_meta(zf, kvf__plane_table=json.dumps([["raw", 1]])), "SchemaError", "F-6.5",
+        "a plane table in a zstd file (no reader would apply it)", field="kvf.plane_table")
+
+    def replan(frame: bytes) -> bytes:
+        """The file with plane 1 replaced by ``frame``: plane table, tensor size and data checksum follow it."""
+        data = pdata[:plane] + frame
+        d = json.loads(json.dumps(pdoc))
+        d["kvf.planes"] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}
+        d["__metadata__"]["kvf.plane_table"] = json.dumps([["raw", plane], ["zstd", len(frame)]])
+        d["__metadata__"]["kvf.dxxh3"] = xxhash.xxh3_64_hexdigest(data)
+        return forge(d, data)
+
+    high = pay[1::2]
+    add("planes-frame-wrong-size", replan(_codec.compress(high + b"\0", 1)), "CodecError", "F-6.6",
+        "plane 1's frame declares one byte more than a plane")
+    add("planes-frame-truncated", replan(pdata[plane:-3]), "CodecError", "F-6.7",
+        "plane 1's frame cut short (table and checksum of the cut bytes)", zero_filled=True)
+    add("planes-raw-mismatch", replan(_codec.compress(bytes(reversed(high)), 1)), "ChecksumError", "F-5.3",
+        "plane 1 holds other bytes (a valid frame of the right size, checksums recomputed)", region="raw",
+        zero_filled=True, also=["F-5.5"])
 
 
 def _sealed_invalid(add: Callable[..., None], f: bytes, L: K.CanonicalLayout, key: K.BlockKey) -> None:

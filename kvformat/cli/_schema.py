@@ -53,7 +53,7 @@ _FILE = {
             "required": ["version", "layout", "namespace", "key", "provenance", "codec", "level", "data_offset",
                          "data_bytes", "raw_bytes", "file_bytes", "checksums", "ratio"],
             "properties": {
-                "version": _STR, "namespace": _STR, "codec": {"enum": ["none", "zstd"]},
+                "version": _STR, "namespace": _STR, "codec": {"enum": ["none", "zstd", "planes"]},
                 "level": {"type": ["integer", "null"]}, "data_offset": _INT, "data_bytes": _INT, "raw_bytes": _INT,
                 "file_bytes": _INT, "ratio": {"type": "number"},
                 "layout": {"type": "object", "required": ["model", "revision", "kv_dtype", "family", "tokens_per_block",

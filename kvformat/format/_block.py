@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _codec
+from . import _codec, _planes
 from ._header import _hxxh3_pos as header_checksum_pos
 from ._header import check_layout, decode_header, encode_header, sealed_positions, xxh3_hex
 from ._consts import HEX64_LEN, HEX64_ZERO, SEAL_TAG_HEX, parse_uint
@@ -28,20 +28,21 @@ def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
 
 
 def encode(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
-           codec: str = "none", level: int = 3, keys: Keyring | None = None) -> tuple[bytes, memoryview | bytes]:
+           codec: str = "none", level: int | None = None,
+           keys: Keyring | None = None) -> tuple[bytes, memoryview | bytes]:
     """Return ``(header_region, data)``; the file is their concatenation.
 
     ``data`` is ``payload`` itself (no copy) when uncompressed or sealed with ``authenticate``, the zstd
     frame, or the ciphertext of a layout sealed with ``encrypt``. A sealed layout (``layout.seal``) is
-    sealed under ``keys.write_key`` (spec §12).
+    sealed under ``keys.write_key`` (spec §12). ``level``: the zstd level (default 3 for zstd, 1 for planes).
     """
     hdr, data, _ = encode_block(payload, layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
     return hdr, data
 
 
 def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, provenance: Provenance | None = None,
-                 codec: str = "none", level: int = 3, payload_xxh3: int | None = None, keys: Keyring | None = None,
-                 nonce: str | None = None,
+                 codec: str = "none", level: int | None = None, payload_xxh3: int | None = None,
+                 keys: Keyring | None = None, nonce: str | None = None,
                  out: memoryview | None = None) -> tuple[bytes, memoryview | bytes, BlockHeader]:
     """:func:`encode` plus the :class:`BlockHeader` it wrote (built from what was encoded, not re-parsed).
 
@@ -61,23 +62,30 @@ def encode_block(payload: Any, layout: CanonicalLayout, key: BlockKey, *, proven
     if codec == "none":
         data: memoryview | bytes = mv
         dx = raw
-    elif codec == "zstd":
+    elif codec in ("zstd", "planes"):
+        if level is None:  # planes codes one near-entropy plane: level 1 is smaller and faster to decode there
+            level = 1 if codec == "planes" else 3
         parse_uint("kvf.level", level, maximum=22)  # refuse before spending time compressing
-        data = _codec.compress(mv, level)
+        if codec == "zstd":
+            data = _codec.compress(mv, level)
+        else:
+            table, data = _planes.compress(mv, _planes.width_for([l.dtype for l in layout.layers]), level)
         if len(mv) > _codec.decoded_limit(len(data)):  # readers refuse it: store it plain, still readable
             codec, data = "none", mv
             dx = raw
         else:
             dx = xxh3_hex(data)
     else:
-        raise SchemaError("codec", f"expected none or zstd, got {codec!r}")
+        raise SchemaError("codec", f"expected none, zstd or planes, got {codec!r}")
     prov = provenance or Provenance()
     lvl = level if codec != "none" else None
-    hdr = encode_header(layout, key, prov, codec=codec, data_bytes=len(data), data_xxh3=dx, raw_xxh3=raw, level=lvl)
+    planes = tuple(table) if codec == "planes" else ()
+    hdr = encode_header(layout, key, prov, codec=codec, data_bytes=len(data), data_xxh3=dx, raw_xxh3=raw, level=lvl,
+                        plane_table=_planes.table_json(planes) if planes else None)
     pos = header_checksum_pos(hdr)
     info = BlockHeader(version=layout.version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=len(hdr), data_bytes=len(data), raw_bytes=layout.payload_bytes,
-                       header_xxh3=hdr[pos:pos + 16].decode(), data_xxh3=dx, raw_xxh3=raw, level=lvl)
+                       header_xxh3=hdr[pos:pos + 16].decode(), data_xxh3=dx, raw_xxh3=raw, level=lvl, planes=planes)
     return hdr, data, info
 
 
@@ -144,7 +152,7 @@ def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None, *, stored_c
         if not stored_checked:
             _check_stored(hdr, data)
         if hdr.codec != "none" and out is not None:
-            _codec.decompress_into(data, out)  # F-6.3, F-6.4
+            decompress_into(hdr, data, out)  # F-6.3, F-6.4 (zstd); F-6.6, F-6.7 (planes)
             actual = xxh3_hex(out)
             if actual != hdr.raw_xxh3:
                 raise ChecksumError("raw", hdr.raw_xxh3, actual)  # F-5.3
@@ -152,6 +160,16 @@ def verify_data(hdr: BlockHeader, data: Any, out: memoryview | None, *, stored_c
         if out is not None:
             invalidate(out)
         raise
+
+
+def decompress_into(hdr: BlockHeader, data: Any, out: memoryview) -> None:
+    """Decode the stored bytes of compressed file ``hdr`` into ``out`` (payload-sized), bounded by the
+    decompression cap; no checksum here (:func:`verify_data` checks them)."""
+    if hdr.codec == "planes":
+        _codec.check_bounds(len(data), len(out))  # the cap on the whole data section; each frame's size after
+        _planes.decompress_into(hdr.planes, data, out)
+    else:
+        _codec.decompress_into(data, out)
 
 
 def invalidate(out: memoryview) -> None:
@@ -221,13 +239,13 @@ def decode(buf: Any, out: Any | None = None, *, expect: CanonicalLayout | None =
         if verify:
             verify_data(hdr, data, dst, stored_checked=True)
         else:
-            _codec.decompress_into(data, dst)
+            decompress_into(hdr, data, dst)
         return hdr, dst
     try:
         if verify:
             verify_data(hdr, data, dst)
         else:
-            _codec.decompress_into(data, dst)
+            decompress_into(hdr, data, dst)
     except BaseException:
         invalidate(dst)  # F-5.5 with verify off too: a frame that fails half-way leaves nothing behind
         raise

@@ -33,7 +33,11 @@ HXXH3_FIELD = b'","kvf.hxxh3":"'
 HEX64_LEN = 16
 HEX64_ZERO = b"0" * HEX64_LEN
 
-CODECS = ("none", "zstd")
+CODECS = ("none", "zstd", "planes")
+# §6.2 the byte-plane codec: at most MAX_PLANES planes (a 64-bit item), each stored as it is or as one zstd frame.
+MAX_PLANES = 8
+PLANE_METHODS = ("raw", "zstd")
+PLANES_TENSOR = "kvf.planes"  # §6.2: the one U8 tensor of a plane-coded file
 
 # §12 sealed files: AES-256-GCM under a per-file key derived from the deployment key and the file's nonce.
 SEAL_LEVELS = ("authenticate", "encrypt")  # payload in clear + tag / payload encrypted (AEAD)

@@ -14,6 +14,7 @@ from . import _native
 from ._consts import (
     ALIGNMENT, CODECS, FORMAT_MAJOR, HEADER_PREFIX, HEX64_LEN, HEX64_ZERO, HXXH3_FIELD, LENGTH_BYTES,
     MAX_HEADER_BYTES, SEAL_AFTER_DXXH3, SEAL_AFTER_HXXH3, SEAL_AFTER_TAG, SEAL_TAG_HEX, SEALED_TENSOR, ZSTD_TENSOR,
+    PLANES_TENSOR,
     parse_name, parse_uint, round_up,
 )
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, SealFields
@@ -64,11 +65,13 @@ def _meta_for(layout: CanonicalLayout, key: BlockKey, prov: Provenance) -> dict[
 
 
 def encode_header(layout: CanonicalLayout, key: BlockKey, provenance: Provenance, *, codec: str, data_bytes: int,
-                  data_xxh3: str, raw_xxh3: str, level: int | None = None, seal: SealFields | None = None) -> bytes:
+                  data_xxh3: str, raw_xxh3: str, level: int | None = None, seal: SealFields | None = None,
+                  plane_table: str | None = None) -> bytes:
     """Build the complete header region (length field + JSON + space padding), checksum patched in.
 
     Its length is the data offset: a multiple of ALIGNMENT (§3). A sealed layout needs ``seal`` (its tag
-    may still be zeros: :mod:`._seal` patches it in).
+    may still be zeros: :mod:`._seal` patches it in). ``plane_table``: the ``kvf.plane_table`` text of a
+    plane-coded file (§6.2).
     """
     if codec not in CODECS:
         raise SchemaError("kvf.codec", f"expected one of {CODECS}, got {codec!r}")
@@ -90,9 +93,13 @@ def encode_header(layout: CanonicalLayout, key: BlockKey, provenance: Provenance
     if codec != "none":
         meta.update({"kvf.level": str(level if level is not None else 0), "kvf.raw_xxh3": raw_xxh3,
                      "kvf.layers": layout._layers_json})
+    if (codec == "planes") != (plane_table is not None):
+        raise SchemaError("kvf.plane_table", "a plane-coded file needs its plane table, another file none")
+    if plane_table is not None:
+        meta["kvf.plane_table"] = plane_table
     meta.update(_meta_for(layout, key, provenance))
     if layout.seal == "encrypt" or codec != "none":  # one opaque U8 tensor (§6, §12.3)
-        name = SEALED_TENSOR if layout.seal == "encrypt" else ZSTD_TENSOR
+        name = SEALED_TENSOR if layout.seal == "encrypt" else PLANES_TENSOR if codec == "planes" else ZSTD_TENSOR
         tensors = json.dumps({name: {"dtype": "U8", "shape": [data_bytes], "data_offsets": [0, data_bytes]}},
                              separators=(",", ":"))[1:-1]
     else:

@@ -8,9 +8,10 @@ import json
 from typing import Any, cast
 
 from ._consts import (
-    CODECS, DTYPE_SIZES, HEX64_LEN, MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, OPAQUE_LAYER, SEAL_LEVELS, SEALED_TENSOR,
-    ZSTD_TENSOR, parse_hex, parse_uint,
+    CODECS, DTYPE_SIZES, HEX64_LEN, MAX_DIMS, MAX_LAYERS, MAX_PAYLOAD_BYTES, OPAQUE_LAYER, PLANES_TENSOR, SEAL_LEVELS,
+    SEALED_TENSOR, ZSTD_TENSOR, parse_hex, parse_uint,
 )
+from ._planes import parse_table
 from ._spec import BlockHeader, BlockKey, CanonicalLayout, LayerSpec, Provenance, SealFields, with_roles
 from ..errors import InvalidJSONError, OversizedHeaderError, SchemaError
 
@@ -117,7 +118,7 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         level = None
     else:
         # One opaque U8 tensor: the zstd frame (§6) or the ciphertext (§12.3); the layers are in kvf.layers.
-        one = SEALED_TENSOR if sealed == "encrypt" else ZSTD_TENSOR
+        one = SEALED_TENSOR if sealed == "encrypt" else PLANES_TENSOR if codec == "planes" else ZSTD_TENSOR
         if len(entries) != 1 or entries[0][0] != one or entries[0][1] != "U8" or len(entries[0][2]) != 1:
             raise SchemaError("tensors", f"{'an encrypted' if sealed else 'a compressed'} file holds exactly one "
                               f"U8 tensor named {one}")  # F-6.1, F-12.3
@@ -151,12 +152,16 @@ def _from_parts(meta: Any, tensors: _TensorTable, data_offset: int, hxxh3: str) 
         raise SchemaError("tensors", f"tensors hold {data_bytes} bytes, the layout {layout.payload_bytes}")  # F-4.9
     if codec != "none" and data_bytes > MAX_PAYLOAD_BYTES + (MAX_PAYLOAD_BYTES >> 7) + (1 << 20):
         raise OversizedHeaderError("compressed data bytes", MAX_PAYLOAD_BYTES, data_bytes)
-    # less level, raw_xxh3, layers (zstd only) and the per-file seal fields
-    min_keys = len(_KNOWN) - len(_OPTIONAL_KEYS) - 3 - len(_SEAL_FILE_KEYS)
+    planes = parse_table(meta.get("kvf.plane_table"), layout.payload_bytes, data_bytes) if codec == "planes" else ()
+    if codec != "planes" and "kvf.plane_table" in meta:  # a table no reader would apply must not pass unnoticed
+        raise SchemaError("kvf.plane_table", "present in a file that is not plane-coded")  # F-6.5
+    # less level, raw_xxh3, layers (compressed only), the plane table and the per-file seal fields
+    min_keys = len(_KNOWN) - len(_OPTIONAL_KEYS) - 4 - len(_SEAL_FILE_KEYS)
     extra = {k: v for k, v in meta.items() if k not in _KNOWN} if len(meta) > min_keys else {}  # F-7.2
     return BlockHeader(version=version, layout=layout, key=key, provenance=prov, codec=codec,
                        data_offset=data_offset, data_bytes=data_bytes, raw_bytes=layout.payload_bytes,
-                       header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra, seal=seal)
+                       header_xxh3=hxxh3, data_xxh3=data_xxh3, raw_xxh3=raw_xxh3, level=level, extra=extra, seal=seal,
+                       planes=planes)
 
 
 _SEAL_FILE_KEYS = ("kvf.key_id", "kvf.nonce", "kvf.tag")
@@ -226,7 +231,7 @@ _KNOWN = frozenset({"kvformat", "kvf.hxxh3", "kvf.codec", "kvf.dxxh3", "kvf.leve
              "kvf.model", "kvf.revision", "kvf.kv_dtype", "kvf.family", "kvf.tokens_per_block",
              "kvf.blocks_per_chunk", "kvf.tokens_per_hash", "kvf.group", "kvf.key", "kvf.tp", "kvf.pp", "kvf.dcp",
              "kvf.pcp", "kvf.row", "kvf.writer", "kvf.created", "kvf.roles", "kvf.pins", "kvf.pp_layers",
-             "kvf.cp_interleave", "kvf.seal", "kvf.key_id", "kvf.nonce", "kvf.tag"})
+             "kvf.cp_interleave", "kvf.seal", "kvf.key_id", "kvf.nonce", "kvf.tag", "kvf.plane_table"})
 
 
 def _layers_from_key(layers_key: Any) -> tuple[LayerSpec, ...]:

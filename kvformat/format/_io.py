@@ -27,7 +27,7 @@ def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
 
 
 def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayout, key: BlockKey, *,
-              provenance: Provenance | None = None, codec: str = "none", level: int = 3,
+              provenance: Provenance | None = None, codec: str = "none", level: int | None = None,
               fsync: bool = False, keys: Keyring | None = None) -> BlockHeader:
     """Write one kvformat file atomically.
 
@@ -38,7 +38,8 @@ def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayou
     layout, key: what the payload is (the header records both). A layout with ``seal`` set
         (``layout.with_seal("encrypt")``) writes a sealed file (spec §12).
     provenance: who wrote it (informational).
-    codec, level: ``"none"`` or ``"zstd"`` and its level (sealed files are not compressed).
+    codec, level: ``"none"``, ``"zstd"`` or ``"planes"`` (spec §6.2) and its zstd level (default 3 for zstd, 1
+        for planes; sealed files are not compressed).
     fsync: fsync the file and its directory before returning.
     keys: the keyring whose write key seals the file (sealed layouts only).
 

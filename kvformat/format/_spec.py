@@ -411,6 +411,7 @@ class BlockHeader:
     level: int | None = None
     extra: Mapping[str, str] = field(default_factory=dict)  # unknown kvf.* keys of a newer minor
     seal: SealFields | None = None  # §12: present exactly when layout.seal is
+    planes: tuple[tuple[str, int], ...] = ()  # §6.2: (method, stored bytes) per plane of a plane-coded file
 
     @property
     def file_bytes(self) -> int:
@@ -429,6 +430,7 @@ class BlockHeader:
             "raw_bytes": self.raw_bytes, "file_bytes": self.file_bytes,
             "checksums": {"header_xxh3": self.header_xxh3, "data_xxh3": self.data_xxh3, "raw_xxh3": self.raw_xxh3},
             **({"seal": {"level": self.layout.seal, **self.seal.to_dict()}} if self.seal is not None else {}),
+            **({"planes": [list(p) for p in self.planes]} if self.planes else {}),
         }
 
 
