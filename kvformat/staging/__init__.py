@@ -12,7 +12,9 @@ Pipeline- and decode-context-parallel groups compose (:class:`RankPlacement`, ``
 canonical slot (its stage's layers, its DCP rank's tokens), so the row and the file are the same as a
 TP-only group's. Modules: ``_shm`` (the /dev/shm file, stale rows, fences), ``_row`` (the row and its
 protocol), ``_cuda`` (pinning, stream glue, events), ``_placement``, ``_stager``, ``_async``
-(:class:`AsyncStager`: submit many transfers, poll for the finished ones; pipelined) and ``_completion``. Errors are in
+(:class:`AsyncStager`: submit many transfers, poll for the finished ones; pipelined), ``_completion``,
+``_xxh3_device`` (:func:`xxh3_64_device`, :func:`xxh3_64_gathered`: the data checksum computed on the tensor's
+device with Triton) and ``_verify`` (GPU-verified loads: ``load(..., verify="device")``). Errors are in
 :mod:`kvformat.errors`.
 """
 
@@ -24,10 +26,12 @@ from ._row import SharedRow
 from ._shm import _CHUNK_BASE, BUSY, DONE, EMPTY, FAILED, row_path
 from ._stager import Stager
 from ._stats import StagingStats
+from ._xxh3_device import xxh3_64_device, xxh3_64_gathered
 
 __all__ = [
     "SharedRow", "Stager", "AsyncStager", "JobResult", "StagingStats", "RankPlacement", "StagingError",
     "StagingTimeoutError", "StagingConflictError", "row_path", "EMPTY", "BUSY", "DONE", "FAILED",
+    "xxh3_64_device", "xxh3_64_gathered",
 ]
 
 _ = _CHUNK_BASE  # the control area's first chunk record (tests forge stale rows with it)

@@ -32,6 +32,7 @@ from ..errors import StagingConflictError, StagingError, StagingTimeoutError
 from ._completion import JobResult, Ready, _Event, _Future, _result
 from ._cuda import after_compute, device_ids, on_stream, record_event
 from ._shm import _STATE_NAMES, BUSY, DONE, FAILED, Backoff, fence
+from ._verify import check_verify, device_check
 
 if TYPE_CHECKING:
     import torch
@@ -121,19 +122,31 @@ class AsyncStager:
         self._step(job)
         return job.job_id
 
-    def submit_load(self, chunk: int, key: "BlockKey", store: "Store", *, verify: bool = True) -> int:
-        """Queue publishing the file of ``key`` as ``chunk`` (collective, like :meth:`Stager.load`)."""
+    def submit_load(self, chunk: int, key: "BlockKey", store: "Store", *, verify: bool | str = True) -> int:
+        """Queue publishing the file of ``key`` as ``chunk`` (collective, like :meth:`Stager.load`).
+
+        ``verify="device"``: the data checksum is computed on the KV's device (Stager.load's GPU-verified
+        mode), into a buffer of the job's own, on a stream of its own; DONE is published only after it matched.
+        """
+        import torch
+
         from ..format._paths import block_relpath
 
         st = self.st
+        on_device = check_verify(verify)
         self.row._check_chunk(chunk)
         job = self._new("load", chunk, int(st._epochs[chunk]) + 1)
         st._epochs[chunk] = job.epoch
         if self.row.rank == st.writer_of(chunk, 0):
             self.row._set(chunk, job.epoch, BUSY)
             slot = self.row.slot(chunk)
+            check = None
+            if on_device:  # a buffer per job: loads run concurrently on the I/O threads
+                buf = torch.empty(st.layout.payload_bytes, dtype=torch.uint8, device=st.device)
+                stream = torch.cuda.Stream(device=st.device) if st.cuda else None
+                check = device_check(slot, buf, stream, lambda n: job.extra.__setitem__("verified", n))
             job.done = _Future(self._io.submit(store.read_into, block_relpath(st.layout, key), slot,
-                                               expect=st.layout, key=key, verify=verify))
+                                               expect=st.layout, key=key, verify=bool(verify), data_check=check))
             job.phase = "publish"
         self._step(job)
         return job.job_id
@@ -164,7 +177,7 @@ class AsyncStager:
         """:meth:`submit_stage_in` and wait for it; raises the job's error (the KV is then untouched)."""
         self._one(self.submit_stage_in(chunk, block_ids))
 
-    def load(self, chunk: int, key: "BlockKey", store: "Store", *, verify: bool = True) -> bool:
+    def load(self, chunk: int, key: "BlockKey", store: "Store", *, verify: bool | str = True) -> bool:
         """:meth:`submit_load` and wait for it; raises the job's error."""
         return bool(self._one(self.submit_load(chunk, key, store, verify=verify)))
 
@@ -269,6 +282,7 @@ class AsyncStager:
                 st.stats.chunks_written += 1
             else:
                 st.stats.bytes_from_file += st.layout.payload_bytes
+                st.stats.bytes_verified_device += int(job.extra.get("verified", 0))
             job.value, job.phase = True, "done"
             return
         if job.phase == "wait":

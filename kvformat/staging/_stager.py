@@ -22,6 +22,8 @@ from ._placement import RankPlacement
 from ._row import SharedRow
 from ._shm import _STATE_NAMES, BUSY, DONE, FAILED, fence
 from ._stats import StagingStats
+from ._verify import check_verify, device_check
+from ._xxh3_device import xxh3_64_gathered
 
 if TYPE_CHECKING:
     import torch
@@ -112,6 +114,7 @@ class Stager(PartCopies):
         self._stream: Any = torch.cuda.Stream(device=device) if self.cuda else None
         self._scratch: torch.Tensor | None = None  # payload-sized buffer on the KV's device
         self._host: torch.Tensor | None = None  # a part's bounce buffer on the host (pinned on CUDA)
+        self._holds: tuple[int, int] | None = None  # (chunk, epoch) whose verified payload the scratch holds
 
     # -- election --------------------------------------------------------------------------------
     def writer_of(self, chunk: int, part: int | None = None) -> int:
@@ -219,16 +222,20 @@ class Stager(PartCopies):
             self._copy_in_part(chunk, epoch, ids)
             return
         slot = self.row.slot(chunk)
+        held = self._holds == (chunk, epoch)  # this rank's GPU-verified load left the payload in the scratch
         scratch = self._get_scratch()
         n = len(ids)
         if not self.cuda:
-            scratch.copy_(slot)
+            if not held:
+                scratch.copy_(slot)
             self._check_unchanged(chunk, epoch)
             self._scatter_runs(ids, [self._layer_view(scratch, i) for i in range(len(self._pages))])
         else:
             with on_stream(self._stream, self.device):  # compute is done with the blocks about to be overwritten
-                scratch.copy_(slot, non_blocking=True)
-            sync_point(self._stream)
+                if not held:
+                    scratch.copy_(slot, non_blocking=True)
+            if not held:
+                sync_point(self._stream)
             self._check_unchanged(chunk, epoch)  # before a single byte reaches the KV
             with torch.cuda.stream(self._stream):
                 idx = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -292,7 +299,8 @@ class Stager(PartCopies):
                           created=int(time.time()), pp_layers=counts if pl.pp > 1 else (),
                           cp_interleave=pl.interleave if pl.dcp > 1 else 1)
 
-    def load(self, chunk: int, key: BlockKey, store: "Store", *, verify: bool = True, wait: bool = True) -> bool:
+    def load(self, chunk: int, key: BlockKey, store: "Store", *, verify: bool | str = True,
+             wait: bool = True) -> bool:
         """Publish the file of ``key`` as ``chunk`` of the row. Collective, like :meth:`stage_out`.
 
         The chunk's writer reads the file into the slot through ``store.read_into`` (header, layout
@@ -300,8 +308,16 @@ class Stager(PartCopies):
         any error, which it re-raises (OSError such as FileNotFoundError unchanged). Other ranks then
         wait (``wait``) and raise StagingError naming the writer when it failed.
 
+        ``verify="device"`` (a GPU-verified load, needs Triton): the host checks the header but does not
+        hash the data; the writer copies the slot to its KV's device and checks ``kvf.dxxh3`` there before
+        it publishes DONE. A mismatch fails the load exactly as the CPU's check does (ChecksumError naming
+        the file, for ``store.quarantine_read``; the slot zeroed; FAILED published, so no rank stages the
+        chunk in). The writer's :meth:`stage_in` of the chunk then reuses the verified device copy instead of
+        copying the slot again. Compressed and sealed files are checked on the CPU as with ``verify=True``.
+
         Returns True on the rank that read the file.
         """
+        on_device = check_verify(verify)
         self.row._check_chunk(chunk)
         epoch = int(self._epochs[chunk]) + 1
         self._epochs[chunk] = epoch
@@ -314,10 +330,20 @@ class Stager(PartCopies):
         parts = range(self.row.parts)  # the file holds every part: one rank publishes them all
         for p in parts:
             self.row._set(chunk, epoch, BUSY, part=p)
+        self._holds = None
         try:
-            store.read_into(block_relpath(self.layout, key), self.row.slot(chunk), expect=self.layout, key=key,
-                            verify=verify)
+            slot = self.row.slot(chunk)
+            check = None
+            if on_device:
+                def verified(n: int) -> None:
+                    self._holds = (chunk, epoch)
+                    self.stats.bytes_verified_device += n
+
+                check = device_check(slot, self._get_scratch(), self._stream, verified)
+            store.read_into(block_relpath(self.layout, key), slot, expect=self.layout, key=key,
+                            verify=bool(verify), data_check=check)
         except BaseException as e:
+            self._holds = None
             for p in parts:
                 self.row._set(chunk, epoch, FAILED, type(e).__name__, part=p)
             raise
@@ -325,6 +351,25 @@ class Stager(PartCopies):
             self.row._set(chunk, epoch, DONE, part=p)
         self.stats.bytes_from_file += self.layout.payload_bytes
         return True
+
+    def checksum_blocks(self, block_ids: Sequence[int]) -> int:
+        """XXH3-64 of the chunk held by this rank's KV blocks ``block_ids``, in file order, on the KV's device.
+
+        The payload a file of this layout holds for those blocks (per layer, their pages, zeros past a short
+        chunk), hashed where the blocks are (:func:`xxh3_64_gathered`): after :meth:`stage_in` it equals the
+        file's ``kvf.dxxh3`` (``int(header.data_xxh3, 16)``; a compressed file's ``kvf.raw_xxh3``) when every
+        byte landed intact. Needs Triton. Raises StagingError for bad ids, and for a rank of a PP/DCP placement
+        (its KV holds only its part of each chunk).
+        """
+        if self.placement is not None:
+            raise StagingError("checksum_blocks: a rank of a PP/DCP placement holds only its part of a chunk")
+        ids = self._check_ids(block_ids)
+        scratch = self._get_scratch()
+        bpc = self.layout.blocks_per_chunk
+        if not self.cuda:
+            return xxh3_64_gathered(self._pages, ids, bpc, buffer=scratch)
+        with on_stream(self._stream, self.device):  # after the compute stream and the staging stream's copies
+            return xxh3_64_gathered(self._pages, ids, bpc, buffer=scratch)
 
     # -- helpers -------------------------------------------------------------------------------------
     @property
@@ -339,6 +384,7 @@ class Stager(PartCopies):
     def _get_scratch(self) -> "torch.Tensor":
         import torch
 
+        self._holds = None  # whoever takes the scratch now overwrites what a verified load left there
         if self._scratch is None:
             self._scratch = torch.empty(self.layout.payload_bytes, dtype=torch.uint8, device=self.device)
             if self.cuda:  # used on the staging stream: the allocator must not recycle it before that stream ends

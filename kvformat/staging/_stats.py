@@ -19,8 +19,10 @@ class StagingStats:
     chunks_written: int = 0  # stage_out calls where this rank was the writer and copied
     chunks_observed: int = 0  # stage_out calls where another rank was the writer
     wait_s: float = 0.0  # time spent waiting for other ranks' publications
+    bytes_verified_device: int = 0  # file data bytes whose checksum this rank checked on its device
 
     def to_dict(self) -> dict[str, Any]:
         return {"bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "bytes_to_file": self.bytes_to_file,
                 "bytes_from_file": self.bytes_from_file, "chunks_written": self.chunks_written,
-                "chunks_observed": self.chunks_observed, "wait_s": self.wait_s}
+                "chunks_observed": self.chunks_observed, "wait_s": self.wait_s,
+                "bytes_verified_device": self.bytes_verified_device}

@@ -83,6 +83,9 @@ class Store(abc.ABC):
     ``exclusive_create``: concurrent ``put(overwrite=False)`` of one path leaves exactly one winner.
     ``supports_o_direct``: payload reads can bypass the page cache.
     ``durable_put``: a completed put survives power loss without ``fsync`` (object stores).
+    ``reads_may_hang``: a read may block far longer than any request waits (network or FUSE storage: a stopped
+    server, a partition). Loads from such a store read into a private buffer, so one given up on at its deadline
+    can never write into KV memory later (cache/_row_load.py).
     """
 
     root: str
@@ -90,6 +93,7 @@ class Store(abc.ABC):
     exclusive_create: bool = True
     supports_o_direct: bool = False
     durable_put: bool = False
+    reads_may_hang: bool = True
     closed: bool = False
 
     # -- backend primitives -------------------------------------------------------------------
@@ -169,13 +173,16 @@ class Store(abc.ABC):
 
     # -- shared public methods ------------------------------------------------------------------
     def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
-                  key: BlockKey | None = None, verify: bool = True, keys: Keyring | None = None) -> BlockHeader:
+                  key: BlockKey | None = None, verify: bool = True, keys: Keyring | None = None,
+                  data_check: Callable[[BlockHeader, memoryview], None] | None = None) -> BlockHeader:
         """Read and check a file, payload into ``out``. KVFormatError on bad bytes, OSError passes.
 
         ``out`` is untouched unless the header, layout and key passed; after that any failure
         leaves ``out[:payload_bytes]`` zeroed. A sealed file is opened with ``keys`` (spec §12).
+        ``data_check``: the data checksum's check done by the caller (format's ``read_payload_from``).
         """
-        r = self.read_many_into([(relpath, out, key)], expect=expect, verify=verify, keys=keys)[0]
+        r = self.read_many_into([(relpath, out, key)], expect=expect, verify=verify, keys=keys,
+                                data_check=data_check)[0]
         if isinstance(r, BaseException):
             raise r
         return r
@@ -183,7 +190,8 @@ class Store(abc.ABC):
     def read_many_into(self, items: Sequence[tuple[str, Any, BlockKey | None]], *,
                        expect: CanonicalLayout | None = None, verify: bool = True,
                        timeout_s: float | None = None, keys: Keyring | None = None,
-                       stored_only: bool = False) -> builtins.list[BlockHeader | BaseException]:
+                       stored_only: bool = False, data_check: Callable[[BlockHeader, memoryview], None] | None = None,
+                       ) -> builtins.list[BlockHeader | BaseException]:
         """Read many files, each into its ``out`` (concurrently where the backend can).
 
         Per item the header or the exception (KVFormatError with ``path`` set, OSError, or ValueError
@@ -199,7 +207,8 @@ class Store(abc.ABC):
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
             res[i] = self._one(rel, src, functools.partial(_read_payload, out=out, expect=expect, key=key,
-                                                           verify=verify, keys=keys, stored_only=stored_only))
+                                                           verify=verify, keys=keys, stored_only=stored_only,
+                                                           data_check=data_check))
         return res  # type: ignore[return-value]
 
     def read_header(self, relpath: str, *, verify: bool = True, check: HeaderCheck | None = None) -> BlockHeader:
@@ -386,6 +395,7 @@ def _read_checked(src: Any, *, rel: str, verify: bool, check: HeaderCheck | None
 
 
 def _read_payload(src: Any, *, out: Any, expect: Any, key: Any, verify: bool, keys: Keyring | None,
-                  stored_only: bool) -> BlockHeader:
+                  stored_only: bool, data_check: Any = None) -> BlockHeader:
     # One bound call per item (a lambda in the loop would see the loop's last item when called later).
-    return read_payload_from(src, out, expect=expect, key=key, verify=verify, keys=keys, stored_only=stored_only)
+    return read_payload_from(src, out, expect=expect, key=key, verify=verify, keys=keys, stored_only=stored_only,
+                             data_check=data_check)
