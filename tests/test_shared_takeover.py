@@ -10,8 +10,10 @@ follower). Same harness as tests/test_shared_control.py: SharedBound engines on 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -70,3 +72,67 @@ def test_a_dead_followers_journal_does_not_bring_back_files_deleted_since(tmp_pa
     c.sb.tick()
     assert c.sb.is_evictor
     assert _ghosts(c, root) == [] and kept in c.index
+
+
+def test_a_take_over_listing_longer_than_ttl_keeps_the_lease(tmp_path: Path) -> None:
+    """The new evictor lists the root before its first pass. A listing longer than ``ttl_s`` (a big tree, a slow
+    FUSE mount: the fleet run of issue 43 took 22 s through one) held up its first state, so the followers took the
+    lease over again, and again: two engines evicting in turn, the bound exceeded by a few chunks. Now the listing
+    runs beside the passes, which publish states granting nothing until it is done."""
+    root = str(tmp_path)
+    a, b = _start(root)
+    c = Engine(root)
+    for _ in range(3):
+        for e in (a, b, c):
+            e.sb.tick()
+    slow = threading.Event()
+    plain = b._rescan
+
+    def slow_rescan() -> None:
+        slow.wait(3 * b.sb.ttl_s)
+        plain()
+
+    b.sb._rescan = slow_rescan
+    took_over: list[bool] = []
+    done = threading.Event()
+
+    def follower() -> None:  # c ticks on its own, as every engine's housekeeping thread does
+        while not done.is_set():
+            c.sb.tick()
+            took_over.append(c.sb.is_evictor)
+            time.sleep(c.sb.interval_s)
+
+    ft = threading.Thread(target=follower, daemon=True)
+    a.sb.close()  # released: the next follower tick takes over
+    bt = threading.Thread(target=b.sb.tick, daemon=True)  # b takes over; before, this tick lasted the listing
+    bt.start()
+    assert wait_for(lambda: b.sb.is_evictor, 10)
+    ft.start()
+    bt.join()
+    t_end = time.monotonic() + 1.5 * b.sb.ttl_s
+    while time.monotonic() < t_end:  # longer than ttl_s: c must keep seeing fresh states
+        b.sb.tick()
+        time.sleep(b.sb.interval_s)
+    assert not any(took_over), "the follower took over during the new evictor's listing"
+    assert b.sb.holding is not None and b.sb.holding.grants[b.sb.holding.seq] == 0  # nothing granted yet
+    slow.set()
+    assert wait_scanned(b)
+    b.sb.tick()
+    b.sb.tick()
+    done.set()
+    ft.join()
+    assert b.sb.is_evictor and not c.sb.is_evictor
+    assert b.sb.holding.grants[b.sb.holding.seq] > 0  # the listing is in: writes are granted again
+
+
+def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def wait_scanned(e: Engine, timeout: float = 10.0) -> bool:
+    return wait_for(lambda: e.sb.holding is not None and e.sb.holding.scanned, timeout)

@@ -172,8 +172,15 @@ class EvictorRole:
             self._since_pass = self._reserved
             self._refused = {}
         if rescan:
-            self._rescan()
-        h.scanned = True
+            # Listed on a thread of its own: a listing longer than ttl_s (a big tree, a slow FUSE or network mount)
+            # would hold up the first state, and the followers would take the lease over again. Until it is done,
+            # passes publish states that grant nothing and count this engine as not alone.
+            # A listing done within ttl_s / 2 is waited for (the first pass then sees the whole root).
+            scan = threading.Thread(target=self._takeover_scan, args=(h,), name="kvformat_takeover_scan", daemon=True)
+            scan.start()
+            scan.join(self.ttl_s / 2)
+        else:
+            h.scanned = True
         for g in self._lease_gens():  # the older generations are history now
             if g < gen:
                 try:
@@ -181,6 +188,14 @@ class EvictorRole:
                 except OSError:
                     pass
         self._evictor_pass()
+
+    def _takeover_scan(self, h: Holding) -> None:
+        try:
+            self._rescan()
+        except Exception as e:  # the periodic listing recounts the root later; grants must not stay at 0 for good
+            self.log.warn("shared:" + type(e).__name__, "listing the shared root after taking it over failed: %s",
+                          e)
+        h.scanned = True
 
     def _step_down(self, why: str) -> None:
         h = self.holding
@@ -228,7 +243,7 @@ class EvictorRole:
                     del h.doomed[rel]
             self._delete(ready)
         with self._lock:
-            h.alone = not live
+            h.alone = not live and h.scanned  # alone means exact: only with the whole root indexed
             target = shared_target(self.max_bytes, len(live) + 1, self.allowance)
         # Alone: the store path evicts before each write and deletes at once. Shared: only passes pick victims, by
         # the indexed bytes alone (doomed files free nothing until deleted: counting them would doom again and again).
