@@ -33,14 +33,15 @@ MAX = 64 * FILE
 class Engine:
     """One engine's shared-bound part on ``root``: deletes go to the store, the start-up scan lists it."""
 
-    def __init__(self, root: str, ttl_s: float = 1.0, mac: ControlMac | None = None) -> None:
+    def __init__(self, root: str, ttl_s: float = 1.0, mac: ControlMac | None = None,
+                 read_deadline_s: float = 0.0) -> None:
         self.store = LocalStore(root)
         self.index = LRUIndex(None)
         self.n = 0
         self.sb = SharedBound(self.store, self.index, max_bytes=MAX, allowance=8 * FILE,
                               log=CacheLog(logging.getLogger("test_shared_control"), interval_s=0.0),
                               counters=Counters(), delete=self._delete, rescan=self._rescan, scanned=lambda: True,
-                              interval_s=ttl_s / 10, ttl_s=ttl_s, mac=mac)
+                              interval_s=ttl_s / 10, ttl_s=ttl_s, mac=mac, read_deadline_s=read_deadline_s)
 
     def _delete(self, victims: list[tuple[str, int]]) -> None:
         for rel, _ in victims:
@@ -179,6 +180,32 @@ def test_the_evictor_does_not_delete_a_doomed_file_its_own_load_is_reading(site:
     a.sb.read_end(token)
     pump([a, b], 8)
     assert not Path(root, first).exists()  # deleted once the load ended: the bound is not lifted for good
+
+
+@pytest.mark.parametrize("deadline_s", [0.0, 0.3])
+def test_a_follower_read_that_never_ends_holds_deletions_only_until_its_deadline(site: tuple[str, Path],
+                                                                                 deadline_s: float) -> None:
+    """A follower's read that never returns (a hung mount) pinned its acknowledgement for good: no file doomed
+    since was ever deleted, and once the bound filled every store was refused. With ``read_deadline_s`` the read
+    stops holding deletions back once it is that old; with 0 (off) the old behaviour is kept, as the control."""
+    root, _ = site
+    a = Engine(root)
+    a.sb.tick()
+    b = Engine(root, read_deadline_s=deadline_s)
+    pump([a, b], 3, store=False)
+    stuck = b.sb.read_begin("ns/any.kvf")  # begun, never ended
+    assert stuck is not None
+    pump([a, b], 10)
+    time.sleep(max(deadline_s, 0.05) + 0.05)
+    stored = pump([a, b], 40)  # 80 files of which at most 64 fit: eviction must delete
+    on_root = _kvf_bytes(root)
+    assert on_root <= MAX
+    gone = [r for r in stored if not Path(root, r).exists()]
+    if deadline_s:
+        assert len(stored) > MAX // FILE and len(gone) >= len(stored) - MAX // FILE
+    else:  # the control: the stuck read still holds every deletion, so stores stop at the bound
+        assert len(gone) == 0 and len(stored) <= MAX // FILE
+    b.sb.read_end(stuck)
 
 
 def test_a_negative_size_does_not_disable_eviction(site: tuple[str, Path]) -> None:

@@ -17,6 +17,12 @@ case "$VLLM_VERSION" in
   0.33.*|0.34.*) ;;
   *) echo "setup.sh: VLLM_VERSION=$VLLM_VERSION is not one kvformat supports (0.33.x, 0.34.x)" >&2; exit 2 ;;
 esac
+# libfuse2 for tests/hangfs.py (fusepy), the FUSE mount on which tests/test_read_deadline.py hangs a read (the
+# library only: as root it mounts without fusermount, and Debian's fuse package would displace MooseFS's fuse3)
+if ! ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2'; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfuse2 >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfuse2 >/dev/null; }
+fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -55,6 +55,11 @@ def _int(name: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+# The zstd level when none is set. planes (spec §6.2) codes a near-entropy plane: level 1 is both smaller and
+# faster to decode there than 3 (docs/benchmarks/codec.md).
+_DEFAULT_LEVEL = {"zstd": 3, "planes": 1}
+
+
 @dataclass(frozen=True)
 class TierConfig:
     """The checked parameters of a KVFormatTier (see docs/vllm.md for each one)."""
@@ -80,6 +85,9 @@ class TierConfig:
     start_degraded: bool = False
     shared_allowance: int | None = None
     shared_interval_s: float = 1.0
+    # A load not finished this long after it was asked for is a miss, and a read running longer no longer holds
+    # back the shared root's deletions (docs/vllm.md "read_deadline_s"); 0 turns both off.
+    read_deadline_s: float = 10.0
     # How files are named across engines (kvformat.cache._keyscheme): "engine" or "token-chain".
     key_scheme: str = "engine"
 
@@ -100,7 +108,7 @@ class TierConfig:
         for b in ("verify", "fsync", "enable_kv_events", "start_degraded"):
             if b in kw and not isinstance(kw[b], bool):
                 raise SchemaError(b, f"expected true or false, got {kw[b]!r}")
-        compression = _choice("compression", kw.get("compression", "none"), ("none", "zstd"))
+        compression = _choice("compression", kw.get("compression", "none"), ("none", "zstd", "planes"))
         seal, seal_key, read_keys = _seal_params(kw.get("seal", "off"), kw.get("seal_key"), kw.get("seal_read_keys"),
                                                  compression)
         return cls(
@@ -108,7 +116,8 @@ class TierConfig:
             read_threads=_int("read_threads", kw.get("read_threads", 8), 1, 256),
             write_threads=_int("write_threads", kw.get("write_threads", 8), 1, 256),
             compression=compression,
-            compression_level=_int("compression_level", kw.get("compression_level", 3), 0, 22),
+            compression_level=_int("compression_level", _DEFAULT_LEVEL.get(compression, 3)
+                                   if kw.get("compression_level") is None else kw["compression_level"], 0, 22),
             verify=kw.get("verify", True),
             max_bytes=parse_size("max_bytes", kw.get("max_bytes")),
             o_direct=_choice("o_direct", kw.get("o_direct", "off"), O_DIRECT_MODES),
@@ -121,6 +130,7 @@ class TierConfig:
             start_degraded=kw.get("start_degraded", False),
             shared_allowance=parse_size("shared_allowance", kw.get("shared_allowance")),
             shared_interval_s=_number("shared_interval_s", kw.get("shared_interval_s", 1.0), 0.01, 60.0),
+            read_deadline_s=_number("read_deadline_s", kw.get("read_deadline_s", 10.0), 0.0, 3600.0),
             seal=seal,
             seal_key=seal_key,
             seal_read_keys=read_keys,

@@ -54,11 +54,20 @@ class JobBook:
     make_result: Callable[..., Any]
     on_stored: Callable[[Job, list[Any]], None] | None
     mark_miss: Callable[[list[Any]], None]
+    # A load not done this long after it was submitted is reported a miss (0: never). ``stop`` ends the watch.
+    deadline_s: float = 0.0
+    stop: threading.Event | None = None
+    spare_readers: int = 8
     _jobs_finished: list[Any] = field(default_factory=list, init=False)
     _store_outcomes: list[list[tuple[Any, Any]]] = field(default_factory=list, init=False)
     _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _load_keys: dict[Any, tuple[list[Any], Any]] = field(default_factory=dict, init=False)
     failed: dict[Any, set[Any]] = field(default_factory=dict, init=False)  # request id (or None) -> keys
+    # load tasks under the deadline: serial -> (deadline, job, index, state cell, engine)
+    _watched: dict[int, tuple[float, Job, int, list[str], Any]] = field(default_factory=dict, init=False)
+    _watch_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _watcher: threading.Thread | None = field(default=None, init=False)
+    _serial: int = field(default=0, init=False)
 
     def submit(self, job_id: Any, keys: list[Any], chunk_ids: Iterable[Any], *, load: bool,
                req_context: Any = None, targets: list[tuple[RowEngine | None, str | None]] | None = None) -> None:
@@ -134,19 +143,88 @@ class JobBook:
     def _load_task(self, job: Job, i: int, key: Any, cid: int,
                    target: tuple[RowEngine | None, str | None]) -> TaskPair:
         eng, h = target
+        # queued -> running -> committed (writing the row: past the point of giving up) -> done; or abandoned
+        state = ["queued"]
+        serial = self._watch(job, i, state, eng) if self.deadline_s > 0 else None
+
+        def claim() -> bool:
+            with job.lock:
+                if state[0] == "abandoned":
+                    return False
+                state[0] = "committed"
+                return True
+
+        def settle(got: int | None) -> None:
+            with job.lock:
+                if state[0] == "abandoned":  # the watch reported it a miss already
+                    return
+                state[0] = "done"
+            if serial is not None:
+                with self._watch_lock:
+                    self._watched.pop(serial, None)
+            self.finish(job, i, got, got or 0)
 
         def run() -> None:
+            with job.lock:
+                if state[0] == "abandoned":
+                    return
+                state[0] = "running"
             got = None
             try:
                 if eng is not None and h is not None:
-                    got = eng.load_chunk(h, cid)
+                    got = eng.load_chunk(h, cid, claim=claim if serial is not None else None)
             except Exception as e:
                 self.warn(f"load:{type(e).__name__}", "loading a chunk failed: %s", e)
-            self.finish(job, i, got, got or 0)
+            settle(got)
 
         def fail() -> None:  # never ran (tier shut down): a miss
-            self.finish(job, i, None, 0)
+            settle(None)
         return run, fail
+
+    # -- the load deadline -----------------------------------------------------------------------------
+    def _watch(self, job: Job, i: int, state: list[str], eng: Any) -> int:
+        with self._watch_lock:
+            self._serial += 1
+            self._watched[self._serial] = (job.t0 + self.deadline_s, job, i, state, eng)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_loop, name="kvformat_load_deadline", daemon=True)
+                self._watcher.start()
+            return self._serial
+
+    def _watch_loop(self) -> None:
+        period = min(1.0, max(0.01, self.deadline_s / 4))
+        while not (self.stop is not None and self.stop.wait(period)):
+            if self.stop is None:
+                time.sleep(period)
+            self.give_up_overdue()
+
+    def give_up_overdue(self) -> int:
+        """Report every load past its deadline a miss, if it can still be given up on: one not started, or one
+        whose read goes to a private buffer (isolated reads). Returns how many were given up on."""
+        now = time.monotonic()
+        with self._watch_lock:
+            due = [(s, e) for s, e in self._watched.items() if e[0] <= now]
+        n = 0
+        for serial, (_, job, i, state, eng) in due:
+            isolated = bool(getattr(eng, "isolated_reads", False))
+            with job.lock:
+                give_up = state[0] == "queued" or (state[0] == "running" and isolated)
+                if give_up:
+                    was, state[0] = state[0], "abandoned"
+            if not give_up:
+                continue
+            with self._watch_lock:
+                self._watched.pop(serial, None)
+            n += 1
+            if eng is not None:
+                eng.counters.add(load_deadline_misses=1)
+            self.warn("load:deadline", "a load was not done %.1f s after it was asked for (%s; a hung mount or a "
+                      "stalled server?): served as a miss (counted in load_deadline_misses)", self.deadline_s,
+                      "its read still runs and its bytes will be dropped" if was == "running" else "not started")
+            if was == "running":
+                self.pool.add_reader(self.spare_readers)  # the stuck thread may never come back
+            self.finish(job, i, None, 0)
+        return n
 
     def take_finished(self) -> list[Any]:
         with self._finished_lock:

@@ -83,7 +83,7 @@ class RootOps:
                 self.store, self.index, max_bytes=self.cfg.max_bytes, log=self.log, counters=main.counters,
                 allowance=self.cfg.shared_allowance or default_allowance(self.cfg.max_bytes, self.file_bytes),
                 delete=main.delete_now, rescan=lambda: self._rescan(), scanned=lambda: self.progress.done,
-                interval_s=self.cfg.shared_interval_s,
+                interval_s=self.cfg.shared_interval_s, read_deadline_s=self.cfg.read_deadline_s,
                 # A sealed root's engines all hold the key: their control records are MAC'd under it (issue 31)
                 mac=ControlMac.of(main.keys) if main.keys is not None else None)
             for eng in self.engines:

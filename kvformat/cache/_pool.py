@@ -30,12 +30,26 @@ class DualPool:
         self._stores: collections.deque[TaskPair] = collections.deque()
         self._busy = 0
         self._stop = False
+        self._name = name
+        self._spares = 0
         self._threads = [threading.Thread(target=self._run, args=(True,), name=f"{name}_r{i}", daemon=True)
                          for i in range(read_threads)]
         self._threads += [threading.Thread(target=self._run, args=(False,), name=f"{name}_w{i}", daemon=True)
                           for i in range(write_threads)]
         for t in self._threads:
             t.start()
+
+    def add_reader(self, limit: int) -> bool:
+        """Start one more load-preferring thread, at most ``limit`` over the life of the pool: the replacement
+        of a reader stuck in a read that was given up on (its deadline passed). False when none was started."""
+        with self._cv:
+            if self._stop or self._spares >= limit:
+                return False
+            self._spares += 1
+            t = threading.Thread(target=self._run, args=(True,), name=f"{self._name}_r+{self._spares}", daemon=True)
+            self._threads.append(t)
+        t.start()
+        return True
 
     def submit(self, tasks: list[TaskPair], *, load: bool) -> None:
         """Queue ``(run, fail)`` pairs; after :meth:`shutdown` each ``fail`` is called at once instead."""

@@ -99,6 +99,11 @@ class RowCore:
         # Exactly a LocalStore: a subclass may override put/read_into, and the fused path would bypass it.
         self._fuse_allowed = os.environ.get("KVFORMAT_NO_FUSED") != "1"
         self._o_direct = getattr(store, "o_direct", "off") != "off"
+        # Loads that may be given up on at read_deadline_s read into this thread's private buffer and copy into
+        # the row only if still wanted: a read that returns after its job reported a miss must not write into
+        # a chunk vLLM has handed to another request. Only where a read can hang (Store.reads_may_hang): on
+        # local disks the direct read into the row stays, and a load there is given up on only before it starts.
+        self.isolated_reads = cfg.read_deadline_s > 0 and bool(getattr(store, "reads_may_hang", True))
         # The fused paths' per-chunk header work without JSON: loads compare against headers already checked,
         # stores patch the key into the last header made (format/_template.py, spec §11.1).
         # Sealed headers differ per file (nonce, tag): nothing to compare against, every load parses its own.

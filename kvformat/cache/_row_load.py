@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import KVFormatError
 from ..format._fused import read_into_fused
@@ -24,11 +24,19 @@ class RowLoad(RowCore):
         return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify, keys=self.keys)
 
     # -- load ----------------------------------------------------------------------------------
-    def load_chunk(self, h: str, chunk_id: int) -> int | None:
-        """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss)."""
+    def load_chunk(self, h: str, chunk_id: int, claim: Callable[[], bool] | None = None) -> int | None:
+        """Read block ``h`` into chunk ``chunk_id`` (fanned out to every slot). Bytes read, or None (a miss).
+
+        ``claim()`` (the job's deadline, cache/_jobs.py) is asked once before anything is written into the
+        row: False means the load was given up on, and nothing is written. With isolated reads it is asked
+        after the read (which went to a private buffer), else before it.
+        """
         rel = self.relpath(h)
         base = self._chunk_base(chunk_id)  # before the read token: a bad chunk id takes nothing
         if not self._usable():
+            return None
+        isolated = claim is not None and self.isolated_reads
+        if claim is not None and not isolated and not claim():
             return None
         shared = self.shared
         token = shared.read_begin(rel) if shared is not None else None
@@ -36,7 +44,8 @@ class RowLoad(RowCore):
             return None
         since = self.index.pin(rel)
         try:
-            dst = self.flat[base:base + self.payload_bytes] if self.plan.contiguous else self._buffer(0)
+            direct = self.plan.contiguous and not isolated
+            dst = self.flat[base:base + self.payload_bytes] if direct else self._buffer(0)
             try:
                 hdr = self._read_into(rel, dst, BlockKey(h, self.layout.group))
             except FileNotFoundError:
@@ -54,6 +63,11 @@ class RowLoad(RowCore):
                 self.counters.add(io_errors=1)
                 self.warn(f"OSError{e.errno}", "reading %s failed: %s; served as a miss", rel, e)
                 return None
+            if isolated and claim is not None and not claim():
+                self.counters.add(late_reads_dropped=1)  # the job reported a miss long ago: the row is not ours
+                return None
+            if self.plan.contiguous and isolated:
+                self.flat[base:base + self.payload_bytes] = dst
             if self.plan.shards:
                 for shard in self.plan.shards:
                     # Scatter (strided, per token run) into one slot of the shard, then copy its used bytes

@@ -59,6 +59,7 @@ from ._shared_grants import (ENGINES_DIR, LEASE_DIR, MAX_PENDING, STATE_FILE, Ho
                              default_allowance, grant, shared_target)
 
 _STUCK = "control:read"  # log-once reason of a control read that stalled
+_OVERDUE = "shared:read_overdue"  # log-once reason of reads past read_deadline_s
 
 __all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "SharedBound", "default_allowance", "grant", "shared_target"]
 
@@ -75,7 +76,7 @@ class SharedBound(EvictorRole):
     def __init__(self, store: Store, index: LRUIndex, *, max_bytes: int, allowance: int, log: CacheLog,
                  counters: Counters, delete: Callable[[list[tuple[str, int]]], None], rescan: Callable[[], None],
                  scanned: Callable[[], bool], interval_s: float = 1.0, ttl_s: float | None = None,
-                 mac: ControlMac | None = None) -> None:
+                 mac: ControlMac | None = None, read_deadline_s: float = 0.0) -> None:
         self.store = store
         self.mac = mac  # a sealed root: every control record written is MAC'd, every one read must verify
         self.index = index
@@ -93,6 +94,9 @@ class SharedBound(EvictorRole):
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when a state or a pass may have made room
         self.wait_s = 3 * interval_s
+        # A read older than this stops holding back the root's deletions (0: never): one read that never
+        # returns (a hung mount) must not stop every deletion on the root, and with them every store.
+        self.read_deadline_s = read_deadline_s
         # -- as a follower
         self._beat = 0
         self._seq = 0
@@ -108,7 +112,10 @@ class SharedBound(EvictorRole):
         self._applied: Key = (0, 0)
         self._fresh_at = -1e18  # monotonic time of the last full tick (journal written, state read)
         self._refused: dict[str, int] = {}  # doomed in the state applied: never read, never indexed
-        self._reads: Counter[Key] = Counter()  # reads running, by the state applied when each began
+        # reads running: token -> (the state applied when it began, its monotonic start time)
+        self._reads: dict[int, tuple[Key, float]] = {}
+        self._read_serial = 0
+        self._overdue: set[int] = set()  # reads past read_deadline_s already logged
         self._watch: tuple[Any, float] = (None, 0.0)  # (what the evictor last published, when that was seen)
         self._root_state: dict[str, Any] = {}
         # -- as the evictor
@@ -218,26 +225,41 @@ class SharedBound(EvictorRole):
             return relpath not in self.holding.doomed
         return self._admitted and self._fresh() and relpath not in self._refused
 
-    def read_begin(self, relpath: str) -> Key | None:
+    def read_begin(self, relpath: str) -> int | None:
         """Call before reading ``relpath``; None means do not (a miss). Pass the token to :meth:`read_end`."""
         with self._lock:
             if self.holding is not None:
-                return None if relpath in self.holding.doomed else (-1, 0)
+                return None if relpath in self.holding.doomed else -1
             if not self._fresh() or not self._admitted or relpath in self._refused:
                 return None
-            key = self._applied
-            self._reads[key] += 1
-            return key
+            self._read_serial += 1
+            self._reads[self._read_serial] = (self._applied, time.monotonic())
+            return self._read_serial
 
-    def read_end(self, token: Key | None) -> None:
-        if token is None or token[0] < 0:
+    def read_end(self, token: int | None) -> None:
+        if token is None or token < 0:
             return
         with self._lock:
-            n = self._reads.get(token, 0)
-            if n <= 1:
-                self._reads.pop(token, None)
-            else:
-                self._reads[token] = n - 1
+            self._reads.pop(token, None)
+            self._overdue.discard(token)
+
+    def _ack_locked(self) -> Key:
+        """The oldest state a read of this engine still runs under; reads past ``read_deadline_s`` excluded."""
+        ack = self._applied
+        now = time.monotonic()
+        late = []
+        for token, (key, t0) in self._reads.items():
+            if self.read_deadline_s > 0 and now - t0 > self.read_deadline_s:
+                if token not in self._overdue:
+                    late.append(token)
+                continue
+            ack = min(ack, key)
+        if late:
+            self._overdue.update(late)
+            self.log.warn(_OVERDUE, "%d read(s) of this engine have run longer than read_deadline_s="
+                          "%gs (a hung mount?): they no longer hold back the root's deletions; such a read can only "
+                          "end as a miss, never with wrong bytes", len(late), self.read_deadline_s)
+        return ack
 
     def root_view(self) -> dict[str, Any]:
         """What this engine knows of the root: role, engines, usage as the evictor published it (metrics)."""
@@ -270,9 +292,7 @@ class SharedBound(EvictorRole):
     def _journal(self, gone: bool = False) -> bytes:
         with self._lock:
             self._beat += 1
-            ack = self._applied
-            if self._reads:
-                ack = min(ack, min(k for k, n in self._reads.items() if n))
+            ack = self._ack_locked()
             doc = {"id": self.id, "host": host_tag(), "pid": os.getpid(), "beat": self._beat, "ack": list(ack),
                    "gone": gone, "records": [[v[0], v[1], rel, v[2]] + ([{"pred": v[3]}] if v[3] else [])
                                              for rel, v in self._pending.items()]}

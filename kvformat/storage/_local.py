@@ -20,6 +20,36 @@ from ..errors import KVFormatError, PathEscapeError
 from ._base import GONE, MOVED, REPLACED, Store, StoreEntry
 
 
+# Filesystems whose reads wait on another machine or a user-space daemon: a stopped server or chunkserver
+# blocks a read for as long as it stays stopped. Local block filesystems and tmpfs are not listed.
+_NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "9p",
+                         "afs", "beegfs", "ocfs2", "gfs2", "virtiofs", "orangefs", "pvfs2"})
+
+
+def _hangs(fs_type: str) -> bool:
+    return fs_type in _NETWORK_FS or fs_type.startswith("fuse")  # fuse, fuseblk, fuse.mfs, fuse.sshfs ...
+
+
+def mount_fs_type(path: str) -> str | None:
+    """The filesystem type of the mount holding ``path`` (from /proc/self/mountinfo), None if unknown."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best, fs_type = -1, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right:
+            continue
+        mnt = fields[4].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > best:
+            best, fs_type = len(mnt), right.split()[0]
+    return fs_type
+
+
 class LocalStore(Store):
     """Files under a local directory. ``o_direct``: "auto" (try it, fall back), "on" or "off".
 
@@ -36,6 +66,8 @@ class LocalStore(Store):
         self.stats = {"o_direct_bytes": 0}
         self._stats_lock = threading.Lock()  # reader threads add to stats concurrently
         os.makedirs(self.root, exist_ok=True)
+        self.fs_type = mount_fs_type(self.root)
+        self.reads_may_hang = self.fs_type is None or _hangs(self.fs_type)
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root!r})"

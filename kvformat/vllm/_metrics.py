@@ -42,6 +42,10 @@ _COUNTER_DOCS = {
     "store_failures": "Chunks not stored, all reasons (store_failures_by_reason has each reason).",
     "lookup_hits": "Lookups this tier answered with a hit.",
     "lookup_misses": "Lookups this tier answered with a miss.",
+    "load_deadline_misses": "Loads reported a miss because they were not done read_deadline_s after they were asked "
+                            "for (a hung mount or a stalled server).",
+    "late_reads_dropped": "Reads given up on at read_deadline_s that returned later: their bytes were dropped, "
+                          "never written into KV memory.",
 }
 _REASON_DOCS = {
     "store_failures_by_reason": "Chunks not stored, by reason: an errno name (ENOSPC, EROFS, EACCES, ENOENT), "

@@ -77,7 +77,8 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
     ----------
     root: directory (or, with a remote-storage backend installed, URL) holding the namespaces.
     read_threads, write_threads: I/O threads preferring loads / stores (default 8 / 8).
-    compression: ``"none"`` (default) or ``"zstd"``; compression_level: zstd level (default 3).
+    compression: ``"none"`` (default), ``"zstd"`` or ``"planes"`` (spec §6.2); compression_level: zstd level
+        (default 3, 1 for planes).
     verify: verify checksums on every load (default true).
     max_bytes: bound on the files under ``root`` (int or "500GiB"); default unbounded.
     o_direct: ``"off"`` (default: buffered I/O), ``"auto"``/``"on"`` (O_DIRECT payload reads where the
@@ -97,6 +98,8 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
     key_scheme: ``"engine"`` (default: vLLM's block hashes) or ``"token-chain"``: chunks of plain-token
         requests are named by SGLang's page chain over their token ids, in a namespace SGLang's backend with
         the same scheme shares (docs/sglang.md); other requests keep vLLM's keys.
+    read_deadline_s: a load not done this many seconds after vLLM asked for it is a miss, and a read running
+        longer no longer holds back a shared root's deletions (default 10; 0: off). docs/vllm.md.
     rope: ``"interleaved"`` or ``"neox"``, the model's RoPE convention, for token-chain when vLLM's config does
         not establish it (it does for DeepSeek-family models, whose MLA vLLM always runs interleaved).
 
@@ -117,13 +120,14 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
 
     def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str, root: str,
                  read_threads: int = 8, write_threads: int = 8, compression: str = "none",
-                 compression_level: int = 3, verify: bool = True, max_bytes: int | str | None = None,
+                 compression_level: int | None = None, verify: bool = True, max_bytes: int | str | None = None,
                  o_direct: str = "off", fsync: bool = False, replica_policy: str = "verify",
                  model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
                  enable_kv_events: bool = False, locality: str | None = None, start_degraded: bool = False,
                  shared_allowance: int | str | None = None, shared_interval_s: float = 1.0, seal: str = "off",
                  seal_key: str | None = None, seal_read_keys: list[str] | None = None, key_scheme: str = "engine",
-                 rope: str | None = None, backpressure_detector: "BackpressureDetector | None" = None) -> None:
+                 rope: str | None = None, read_deadline_s: float = 10.0,
+                 backpressure_detector: "BackpressureDetector | None" = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.config = TierConfig.parse(root, read_threads=read_threads, write_threads=write_threads,
                                        compression=compression, compression_level=compression_level, verify=verify,
@@ -133,7 +137,7 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
                                        locality=locality, start_degraded=start_degraded,
                                        shared_allowance=shared_allowance, shared_interval_s=shared_interval_s,
                                        seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys,
-                                       key_scheme=key_scheme)
+                                       key_scheme=key_scheme, read_deadline_s=read_deadline_s)
         self.tier_label = tier_label(offloading_spec, tier_type, root)
         self.log = CacheLog(logger, prefix=f"kvformat tier {self.tier_label}")
         self.locality = Locality(locality) if locality is not None else None
@@ -207,7 +211,9 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         self._pool = DualPool(self.config.read_threads, self.config.write_threads)
         self._lookups = Lookups(self, tier_type)
         self._jobs = JobBook(self._pool, self._target, self.engine.warn, JobResult,
-                             self._on_stored if self.events is not None else None, self._lookups.mark_miss)
+                             self._on_stored if self.events is not None else None, self._lookups.mark_miss,
+                             deadline_s=self.config.read_deadline_s, stop=self._stop,
+                             spare_readers=self.config.read_threads)
         self._report = CounterReport(self.engine.counters, self.index)
 
     def _open_store(self, root: str) -> Store:
