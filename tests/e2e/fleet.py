@@ -1,0 +1,453 @@
+"""A live fleet on one bounded kvformat root (issue 43): two vLLM OpenAI API servers at the same time, A at TP=2
+and B at TP=1, configured as docs/vllm.md tells a user (its --kv-transfer-config, root and bound replaced), a
+real HTTP client (the `openai` package) replaying a slice of the Mooncake conversation trace with several requests
+in flight, faults while they run, and every figure read from the servers (their HTTP answers and /metrics) or the
+root's files, never from kvformat's code.
+
+Trace scaling: each 512-token block of the trace is one vLLM block of 16 tokens here (the tiny model's
+max_model_len is 512): hash id h becomes 16 words drawn by random.Random(h), so equal ids give equal prefixes;
+a request keeps its first 30 hash ids (480 tokens, room for 2 output tokens). A seeded coin sends each request to
+A or B, so about half of all reuse crosses deployments. The trace's timestamps are compressed away: requests go
+out in trace order as fast as the in-flight limit allows.
+
+Faults: kill -9 of A's whole process tree mid-replay (requests routed to A while it is down are counted as failed
+by design) and A restarted on the same root; B reaches the root through a FUSE mount (tests/hangfs.py) on which
+the payload reads of one prompt's files are made to hang; one byte flipped in a stored file that B then loads.
+The root's .kvf bytes are sampled every second. The last line printed is one JSON object; exit 0 only if every
+check held (1: a check failed; 2: the servers could not be started here).
+
+Usage: python tests/e2e/fleet.py [--requests N] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from run_e2e import doc_tiering_config, flip_byte, quarantined_files, safetensors_data_start  # noqa: E402
+from tiny_model import write_model  # noqa: E402
+
+TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+BLOCK = 16
+MAX_IDS = 30
+DEADLINE_S = 5.0  # read_deadline_s of both servers
+TIER = "KVFormatTier"
+
+
+def trace_slice(n: int, every: int = 40) -> list[list[int]]:
+    """The first ``n`` requests, in trace order, of the conversations whose second block id is a multiple of
+    ``every``: whole conversations over the trace's hour (the first 300 requests of the trace share little but
+    its first block: their follow-up turns come minutes later), compressed into the run."""
+    out = []
+    with open(TRACE) as f:
+        for line in f:
+            ids = json.loads(line)["hash_ids"]
+            if len(ids) > 1 and ids[1] % every == 0:
+                out.append(ids[:MAX_IDS])
+                if len(out) == n:
+                    break
+    return out
+
+
+def tokens(ids: list[int]) -> list[int]:
+    """The prompt of a request as token ids (words w0..w1999 are ids 4..2003 of the tiny model's vocabulary). Sent
+    as ids: vLLM's server bounds a text prompt by characters (5 per token), which these words exceed."""
+    out = []
+    for h in ids:
+        rnd = random.Random(h)
+        out += [4 + rnd.randrange(2000) for _ in range(BLOCK)]
+    return out
+
+
+class Server:
+    def __init__(self, name: str, tp: int, port: int, model: Path, ktc: dict[str, Any], work: Path,
+                 cores: str) -> None:
+        self.name, self.tp, self.port, self.model = name, tp, port, model
+        self.ktc, self.work, self.cores = ktc, work, cores
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log(self) -> Path:
+        return self.work / f"{self.name}.{self.starts}.log"
+
+    def start(self) -> None:
+        self.starts += 1
+        env = dict(os.environ, PYTHONPATH=str(HERE / "shim"), KVFORMAT_E2E_SHIM="1", VLLM_CPU_KVCACHE_SPACE="1",
+                   VLLM_CPU_OMP_THREADS_BIND=self.cores)
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+               "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(self.port),
+               "--tensor-parallel-size", str(self.tp), "--dtype", "float32", "--max-model-len", "512",
+               "--block-size", str(BLOCK), "--enforce-eager", "--max-num-seqs", "4", "--seed", "0",
+               "--attention-backend", "CPU_MLA", "--enable-prompt-tokens-details",
+               "--kv-transfer-config", json.dumps(self.ktc)]
+        if self.tp > 1:
+            cmd += ["--distributed-executor-backend", "mp"]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_up(self, timeout: float = 600) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc is not None and self.proc.poll() is not None:
+                return False
+            if self.healthy():
+                return True
+            time.sleep(1)
+        return False
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the whole tree: API server, engine core, workers
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def metrics(self) -> dict[str, float]:
+        """This server's Prometheus counters of the tiering and kvformat series, summed over their labels but
+        the tier's (``name{tier}``)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            wanted = "kv_offload" in line or "kvformat" in line or "prefix_cache" in line
+            if line.startswith("#") or "_created" in line or not wanted:
+                continue
+            m = re.match(r"([A-Za-z_:]+)(\{[^}]*\})?\s+([-0-9.eE+]+|NaN)$", line)
+            if not m:
+                continue
+            tier = re.search(r'tier="([^"]*)"', m.group(2) or "")
+            key = m.group(1) + (f"{{{tier.group(1)}}}" if tier else "")
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+        return out
+
+    def log_text(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.work.glob(f"{self.name}.*.log")))
+
+
+def tier_metric(m: dict[str, float], name: str, tier: str = TIER) -> float:
+    """Series ``name`` of the tier whose label contains ``tier`` ("KVFormatTier"; ":fs" for vLLM's own)."""
+    return sum(v for k, v in m.items() if k.startswith(name) and tier in k)
+
+
+def kvf_bytes(root: Path) -> int:
+    total = 0
+    for p in root.rglob("*.kvf"):
+        if ".quarantine" in p.parts:
+            continue
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def writer_tp(path: Path) -> int | None:
+    """The TP size a file's header names as its writer's (provenance), read as plain safetensors JSON."""
+    try:
+        _, hdr = safetensors_data_start(path)
+    except (OSError, ValueError):
+        return None
+    meta = hdr.get("__metadata__", {})
+    for k, v in meta.items():
+        if "prov" in k or k.endswith(".tp"):
+            try:
+                doc = json.loads(v) if v.startswith("{") else {"tp": v}
+                return int(doc.get("tp"))
+            except (ValueError, TypeError):
+                continue
+    return None
+
+
+class Client:
+    """The HTTP side: one OpenAI client per server, per-request outcomes, and which blocks each server saw."""
+
+    def __init__(self, servers: dict[str, Server]) -> None:
+        from openai import OpenAI
+
+        self.servers = servers
+        self.api = {n: OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="none", max_retries=0, timeout=120)
+                    for n, s in servers.items()}
+        self.seen: dict[str, set[int]] = {n: set() for n in servers}
+        self.lock = threading.Lock()
+        self.results: list[dict[str, Any]] = []
+
+    def send(self, where: str, ids: list[int], tag: str = "replay") -> dict[str, Any]:
+        t0 = time.monotonic()
+        rec: dict[str, Any] = {"server": where, "blocks": len(ids), "tag": tag, "t": time.time()}
+        try:
+            r = self.api[where].completions.create(model="tiny", prompt=tokens(ids), max_tokens=2, temperature=0.0)
+            details = getattr(r.usage, "prompt_tokens_details", None)
+            cached = int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+            rec.update(ok=True, cached_blocks=cached // BLOCK, text=r.choices[0].text)
+        except Exception as e:  # an HTTP error or a refused connection (the server is down)
+            rec.update(ok=False, error=type(e).__name__, message=str(e)[:200])
+        rec["s"] = time.monotonic() - t0
+        with self.lock:
+            if rec["ok"]:
+                other = next(n for n in self.servers if n != where)
+                cached = ids[:rec["cached_blocks"]]
+                rec["cached_ids"] = cached
+                # a cached block this server never saw can only have come from the shared root, written by the other
+                rec["cross_blocks"] = sum(1 for h in cached if h not in self.seen[where] and h in self.seen[other])
+                self.seen[where].update(ids)
+            self.results.append(rec)
+        return rec
+
+
+def new_files(root: Path, before: set[Path]) -> list[Path]:
+    return sorted(p for p in root.rglob("*.kvf") if p not in before and ".quarantine" not in p.parts)
+
+
+def corrupt_phase(client: Client, a: Server, b: Server, root: Path, out: dict[str, Any], checks: dict[str, Any],
+                  t_start: float) -> dict[str, Any]:
+    """A prompt A stores; one byte of one of its files flipped; B, which never saw the prompt, asks for it."""
+    probe = [10**9 + i for i in range(8)]
+    before = set(root.rglob("*.kvf"))
+    assert client.send("A", probe, "corrupt-store")["ok"]
+    time.sleep(3)  # the cascade to the tier is asynchronous
+    new = new_files(root, before)
+    target = new[len(new) // 2] if new else None
+    qa = len(quarantined_files(root))
+    mb0 = b.metrics()
+    if target is not None:
+        start, _ = safetensors_data_start(target)
+        flip_byte(target, start + 100)
+    r = client.send("B", probe, "corrupt-load")
+    time.sleep(2)
+    quarantined = len(quarantined_files(root)) - qa
+    mb1 = b.metrics()
+    out["corrupt_phase_B_metrics"] = {k: mb1[k] - mb0.get(k, 0.0) for k in mb1 if mb1[k] != mb0.get(k, 0.0)}
+    name = target.name if target is not None else "(no file)"
+    logged = b.log_text().count(name)
+    checks["corrupt_answered_and_quarantined_once"] = target is not None and r["ok"] and quarantined == 1
+    checks["corrupt_logged_once"] = logged == 1
+    client.send("B", probe, "corrupt-restore")  # B's miss recomputed the chunk; its store writes a good file
+    time.sleep(3)
+    checks["corrupt_rewritten_good"] = target is not None and target.exists() and writer_tp(target) is not None
+    return {"fault": "flipped byte", "t": round(time.monotonic() - t_start, 1), "file": name, "answered": r["ok"],
+            "cached_blocks_of_8": r.get("cached_blocks"), "quarantined": quarantined, "log_lines": logged}
+
+
+def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out: dict[str, Any],
+               checks: dict[str, Any], t_start: float) -> dict[str, Any]:
+    """A prompt A stores; the payload reads of its files on B's mount made to hang; B asks for it while A keeps
+    serving prompts of its own that make it store and evict."""
+    probe = [2 * 10**9 + i for i in range(8)]
+    before = set(root.rglob("*.kvf"))
+    assert client.send("A", probe, "hang-store")["ok"]
+    time.sleep(3)
+    new = new_files(root, before)
+    ctl.write_text("".join(p.name + "\n" for p in new))
+    ma0, mb0 = a.metrics(), b.metrics()
+    t_hang = time.monotonic()
+    hung: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: hung.update(client.send("B", probe, "hang-load")))
+    th.start()
+    side = [client.send("A", [3 * 10**9 + 100 * j + i for i in range(MAX_IDS)], "during-hang") for j in range(6)]
+    th.join(120)
+    ma1, mb1 = a.metrics(), b.metrics()
+    ctl.write_text("")
+
+    def delta(m0: dict[str, float], m1: dict[str, float], name: str) -> float:
+        return tier_metric(m1, name) - tier_metric(m0, name)
+
+    misses = delta(mb0, mb1, "vllm:kv_offload_kvformat_load_deadline_misses")
+    evicted = delta(ma0, ma1, "vllm:kv_offload_kvformat_evictions")
+    stored = delta(ma0, ma1, "vllm:kv_offload_kvformat_files_written")
+    checks["hung_read_answered_as_a_miss"] = bool(hung.get("ok")) and misses >= 1
+    checks["others_stored_and_evicted_during_hang"] = all(x["ok"] for x in side) and evicted > 0 and stored > 0
+    return {"fault": "hung read on B", "t": round(t_hang - t_start, 1), "files": len(new),
+            "B_answered": hung.get("ok", False), "B_answer_s": round(hung.get("s", -1), 2),
+            "B_load_deadline_misses": misses, "A_answered_during": sum(x["ok"] for x in side),
+            "A_evictions_during": evicted, "A_files_written_during": stored, "deadline_s": DEADLINE_S}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--in-flight", type=int, default=4)
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--max-files", type=int, default=400, help="max_bytes of the root, in chunk files")
+    ap.add_argument("--tier", choices=("kvformat", "fs"), default="kvformat",
+                    help="fs: the same fleet and client on vLLM's own fs tier (one shared root_dir), no faults")
+    args = ap.parse_args()
+    work = Path(args.work or f"/tmp/kvf-fleet-{os.getpid()}")
+    work.mkdir(parents=True, exist_ok=True)
+    t_start, t0_wall = time.monotonic(), time.time()
+    model = write_model(work / "model") if not (work / "model" / "config.json").exists() else work / "model"
+    root, mnt, ctl = work / "root", work / "mnt", work / "hang.list"
+    root.mkdir(exist_ok=True)
+    mnt.mkdir(exist_ok=True)
+    ctl.write_text("")
+    hangfs = subprocess.Popen([sys.executable, str(REPO / "tests" / "hangfs.py"), str(root), str(mnt), str(ctl)],
+                              stdout=open(work / "hangfs.log", "w"), stderr=subprocess.STDOUT)
+    for _ in range(100):
+        if os.path.ismount(mnt):
+            break
+        time.sleep(0.2)
+    else:
+        print(json.dumps({"not_run": "the FUSE mount for B did not come up"}))
+        return 2
+    # one chunk file: 2 layers x 16 tokens x 576 fp32 + its 4096-byte header region
+    file_bytes = 2 * BLOCK * 576 * 4 + 4096
+    bound = args.max_files * file_bytes
+
+    def ktc(r: Path) -> dict[str, Any]:
+        doc = doc_tiering_config(r)
+        doc["kv_connector_extra_config"]["cpu_bytes_to_use"] = 8 << 20  # small: reuse must reach the root
+        extra = doc["kv_connector_extra_config"]
+        if args.tier == "fs":  # vLLM's own tier in place of ours, on the same directory for both servers
+            extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(root)}]
+            return doc
+        [t] = [t for t in extra["secondary_tiers"] if t["type"] == TIER]
+        t.update(max_bytes=bound, read_deadline_s=DEADLINE_S)
+        return doc
+
+    a = Server("A", 2, 18431, model, ktc(root), work, "0|1")
+    b = Server("B", 1, 18432, model, ktc(mnt), work, "1")
+    servers = {"A": a, "B": b}
+    faults_on = args.tier == "kvformat"
+    tier_label = TIER if faults_on else ":fs"
+    checks: dict[str, Any] = {}
+    out: dict[str, Any] = {"tier": args.tier, "servers": 2, "tp": {"A": 2, "B": 1}, "max_bytes": bound}
+    samples: list[tuple[float, int]] = []
+    stop_sampling = threading.Event()
+
+    def sample() -> None:
+        while not stop_sampling.wait(1.0):
+            samples.append((time.monotonic() - t_start, kvf_bytes(root)))
+
+    try:
+        a.start()
+        b.start()
+        if not (a.wait_up() and b.wait_up()):
+            print(json.dumps({"not_run": "a server did not start", "logs": str(work)}))
+            return 2
+        out["startup_s"] = round(time.monotonic() - t_start, 1)
+        threading.Thread(target=sample, daemon=True).start()
+        client = Client(servers)
+        reqs = trace_slice(args.requests)
+        coin = random.Random(43)
+        route = ["A" if coin.random() < 0.5 else "B" for _ in reqs]
+        kill_at, restart_at = int(len(reqs) * 0.4), int(len(reqs) * 0.6)
+        before_kill: set[int] = set()
+        faults: list[dict[str, Any]] = []
+        with ThreadPoolExecutor(args.in_flight) as pool:
+            futs = []
+            for i, (ids, where) in enumerate(zip(reqs, route)):
+                if faults_on and i == kill_at:
+                    for f in futs:
+                        f.result()
+                    before_kill = set(client.seen["A"])
+                    t_kill, t_kill_wall = time.monotonic(), time.time()
+                    a.kill9()
+                    faults.append({"fault": "kill -9 A", "t": round(t_kill - t_start, 1), "at_request": i})
+                if faults_on and i == restart_at:
+                    a.start()
+                    up = a.wait_up()
+                    faults.append({"fault": "A restarted", "t": round(time.monotonic() - t_start, 1), "up": up})
+                futs.append(pool.submit(client.send, where, ids))
+            for f in futs:
+                f.result()
+        res = client.results
+        out["requests"] = len(res)
+        out["answered"] = sum(r["ok"] for r in res)
+        down = [r for r in res if r["server"] == "A" and not r["ok"]]
+        out["failed_by_design"] = len(down)
+        out["failed_other"] = sum(1 for r in res if not r["ok"] and r["server"] == "B")
+        checks["B_answered_every_request"] = out["failed_other"] == 0
+        refused = ("APIConnectionError", "APITimeoutError")
+        checks["A_failed_only_while_down"] = bool(down) == faults_on and all(r.get("error") in refused for r in down)
+        out["cross_blocks"] = {n: sum(r.get("cross_blocks", 0) for r in res if r["server"] == n and r["ok"])
+                               for n in servers}
+        checks["cross_hits_both_ways"] = all(v > 0 for v in out["cross_blocks"].values())
+        if faults_on:
+            # After the restart A's caches were empty: what it found cached of blocks it had computed before the
+            # kill came from files it wrote then, on the root.
+            after = [r for r in res if r["server"] == "A" and r["ok"] and r["t"] > t_kill_wall]
+            out["A_requests_after_restart"] = len(after)
+            out["A_rejoin_hits_on_own_files"] = sum(sum(1 for h in r["cached_ids"] if h in before_kill)
+                                                    for r in after)
+            checks["A_rejoined_with_hits_on_its_files"] = out["A_rejoin_hits_on_own_files"] > 0
+        m = {n: s.metrics() for n, s in servers.items()}
+        out["tier_chunk_hits"] = {n: tier_metric(m[n], "vllm:kv_offload_tiering_chunk_hits", tier_label)
+                                  for n in servers}
+        out["tier_chunk_queries"] = {n: tier_metric(m[n], "vllm:kv_offload_tiering_chunk_queries", tier_label)
+                                     for n in servers}
+        checks["tier_hits_on_both"] = all(v > 0 for v in out["tier_chunk_hits"].values())
+        if faults_on:
+            checks["B_took_the_evictor_role"] = "this engine is now the evictor" in b.log_text()
+            # the files on the root and their writers, from the headers
+            tps: dict[str, int] = {}
+            for p in root.rglob("*.kvf"):
+                if ".quarantine" not in p.parts:
+                    tp = writer_tp(p)
+                    tps[str(tp)] = tps.get(str(tp), 0) + 1
+            out["files_by_writer_tp"] = tps
+            checks["files_of_both_writers"] = set(tps) >= {"1", "2"}
+        else:
+            out["root_bytes_unbounded"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        if faults_on:
+            faults.append(corrupt_phase(client, a, b, root, out, checks, t_start))
+            faults.append(hang_phase(client, a, b, root, ctl, out, checks, t_start))
+        out["faults"] = faults
+        stop_sampling.set()
+        peak = max((s for _, s in samples), default=0)
+        out["root_bytes_max"] = peak
+        out["root_bytes_bound_plus_one_chunk_per_writer"] = bound + 2 * file_bytes
+        if faults_on:
+            checks["bound_held"] = peak <= bound + 2 * file_bytes
+        out["samples"] = len(samples)
+    finally:
+        stop_sampling.set()
+        for s in servers.values():
+            s.stop()
+        ctl.write_text("")
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        hangfs.terminate()
+    out["checks"] = checks
+    out["ok"] = bool(checks) and all(checks.values())
+    out["seconds"] = round(time.monotonic() - t_start, 1)
+    (work / "fleet.json").write_text(json.dumps({**out, "t0_wall": t0_wall, "results": client.results,
+                                                     "samples": samples}))
+    print(json.dumps(out))
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
