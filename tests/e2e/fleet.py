@@ -206,9 +206,9 @@ class Client:
         self.lock = threading.Lock()
         self.results: list[dict[str, Any]] = []
 
-    def send(self, where: str, ids: list[int], tag: str = "replay") -> dict[str, Any]:
+    def send(self, where: str, ids: list[int], tag: str = "replay", i: int = -1) -> dict[str, Any]:
         t0 = time.monotonic()
-        rec: dict[str, Any] = {"server": where, "blocks": len(ids), "tag": tag, "t": time.time()}
+        rec: dict[str, Any] = {"server": where, "blocks": len(ids), "tag": tag, "t": time.time(), "i": i}
         try:
             r = self.api[where].completions.create(model="tiny", prompt=tokens(ids), max_tokens=2, temperature=0.0)
             details = getattr(r.usage, "prompt_tokens_details", None)
@@ -227,6 +227,43 @@ class Client:
                 self.seen[where].update(ids)
             self.results.append(rec)
         return rec
+
+
+def replay_offline(res: list[dict[str, Any]], reqs: list[list[int]], max_files: int,
+                   restart_after: float | None) -> int:
+    """The same requests, in the order the servers answered them, through the capacity replay's plain LRU
+    (tools/capacity_policies.py, bench_capacity's ``lru`` row) of ``max_files`` blocks as the shared root, each
+    server with a cache of its own in front that holds every block it computed or loaded (these servers' KV
+    cache holds 14,563 blocks, more than the run's 5,500): the blocks the root would serve. ``restart_after``:
+    the wall time of the kill, after which A's own cache starts empty."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from capacity_policies import LRU
+
+    disk = LRU(max_files)
+    local: dict[str, set[int]] = {"A": set(), "B": set()}
+    served, restarted = 0, False
+    for r in sorted((r for r in res if r["ok"] and r["tag"] == "replay"), key=lambda r: r["t"] + r["s"]):
+        if restart_after is not None and not restarted and r["server"] == "A" and r["t"] > restart_after:
+            local["A"], restarted = set(), True
+        mine = local[r["server"]]
+        ids = reqs[r["i"]]
+        k = 0
+        for b in ids:
+            if b in mine:
+                pass
+            elif b in disk:
+                disk.hit(b)
+                served += 1
+            else:
+                break
+            k += 1
+        for b in ids[k:]:
+            if b in disk:
+                disk.rewrite(b)
+            else:
+                disk.insert(b)
+        mine.update(ids)
+    return served
 
 
 def new_files(root: Path, before: set[Path]) -> list[Path]:
@@ -306,6 +343,8 @@ def main() -> int:
     ap.add_argument("--tier", choices=("kvformat", "fs"), default="kvformat",
                     help="fs: the same fleet and client on vLLM's own fs tier (one shared root_dir), no faults")
     args = ap.parse_args()
+    # A timeout's SIGTERM must still stop the servers (their own sessions) and unmount: through the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     work = Path(args.work or f"/tmp/kvf-fleet-{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)
     t_start, t0_wall = time.monotonic(), time.time()
@@ -365,6 +404,7 @@ def main() -> int:
         coin = random.Random(43)
         route = ["A" if coin.random() < 0.5 else "B" for _ in reqs]
         kill_at, restart_at = int(len(reqs) * 0.4), int(len(reqs) * 0.6)
+        t_kill_wall = 0.0
         before_kill: set[int] = set()
         faults: list[dict[str, Any]] = []
         with ThreadPoolExecutor(args.in_flight) as pool:
@@ -381,7 +421,7 @@ def main() -> int:
                     a.start()
                     up = a.wait_up()
                     faults.append({"fault": "A restarted", "t": round(time.monotonic() - t_start, 1), "up": up})
-                futs.append(pool.submit(client.send, where, ids))
+                futs.append(pool.submit(client.send, where, ids, "replay", i))
             for f in futs:
                 f.result()
         res = client.results
@@ -410,6 +450,9 @@ def main() -> int:
         out["tier_chunk_queries"] = {n: tier_metric(m[n], "vllm:kv_offload_tiering_chunk_queries", tier_label)
                                      for n in servers}
         checks["tier_hits_on_both"] = all(v > 0 for v in out["tier_chunk_hits"].values())
+        out["replay_root_blocks"] = replay_offline(res, reqs, args.max_files, t_kill_wall if faults_on else None)
+        engine = sum(out["tier_chunk_hits"].values())
+        out["engine_over_replay"] = round(engine / out["replay_root_blocks"], 3) if out["replay_root_blocks"] else None
         if faults_on:
             checks["B_took_the_evictor_role"] = "this engine is now the evictor" in b.log_text()
             # the files on the root and their writers, from the headers
