@@ -15,7 +15,7 @@ from ..format._header import header_length
 from ..format._read import FIRST_READ, BytesSource
 from ..format._write import temp_name
 from ..errors import KVFormatError
-from ._s3 import s3_get, s3_head
+from ._s3 import _precondition_failed, s3_get, s3_head
 
 _MEMORY_LOCK = threading.Lock()
 
@@ -112,9 +112,9 @@ class Requests:
                 except FileExistsError:
                     return False
                 except OSError as e:
-                    if type(e) is not OSError or "precondition" not in str(e).lower():
+                    if type(e) is not OSError or not _precondition_failed(e):
                         raise
-                    return False  # a backend that reports If-None-Match failures without the condition name
+                    return False  # a 412 without the condition name (RGW 16.2 sends neither Condition nor Message)
             else:
                 if await self._a_head(path) is not None:
                     return False
