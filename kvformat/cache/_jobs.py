@@ -193,9 +193,8 @@ class JobBook:
 
     def _watch_loop(self) -> None:
         period = min(1.0, max(0.01, self.deadline_s / 4))
-        while not (self.stop is not None and self.stop.wait(period)):
-            if self.stop is None:
-                time.sleep(period)
+        stop = self.stop or threading.Event()  # no stop event: the watch lasts the process (a daemon thread)
+        while not stop.wait(period):
             self.give_up_overdue()
 
     def give_up_overdue(self) -> int:

@@ -25,13 +25,6 @@ _HEX_KEY = re.compile(rb"[0-9a-fA-F]{%d}" % (2 * SEAL_KEY_BYTES))
 _MAX_KEY_FILE = 4096
 
 
-def looks_like_key(value: str) -> bool:
-    """Whether a configuration value is a key itself rather than a source naming one (refused: a key in a
-    config file ends up in logs, process listings and bug reports). Any spelling counts: bare hex, ``0x…``,
-    base64 or base64url, in quotes, split by spaces or colons, with surrounding whitespace."""
-    return _key_like(value)
-
-
 _HEXISH = re.compile(r"(0[xX])?[0-9a-fA-F]{32,}")
 _B64ISH = re.compile(r"[A-Za-z0-9+/_-]{22,}={0,2}")
 _SHOWN_INSTEAD = "(a value that looks like key material, not shown)"
@@ -39,7 +32,10 @@ _QUOTES = "\"'`"
 _SEPARATORS = re.compile(r"[\s:]+")
 
 
-def _key_like(value: str) -> bool:
+def looks_like_key(value: str) -> bool:
+    """Whether a configuration value is a key itself rather than a source naming one (refused: a key in a
+    config file ends up in logs, process listings and bug reports). Any spelling counts: bare hex, ``0x…``,
+    base64 or base64url, in quotes, split by spaces or colons, with surrounding whitespace."""
     # Hex (with or without 0x) or base64 text of 16+ bytes that names no file: key material, whatever its
     # exact length or spelling, so neither a refusal nor a "no such file" error may echo it.
     v = value.strip()
@@ -63,7 +59,7 @@ def _key_like(value: str) -> bool:
 
 def _shown(source: str) -> str:
     """How an error names ``source``: never the key itself."""
-    return _SHOWN_INSTEAD if _key_like(source) else source
+    return _SHOWN_INSTEAD if looks_like_key(source) else source
 
 
 def _parse(source: str, raw: bytes) -> SealKey:
