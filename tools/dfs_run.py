@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -139,8 +140,18 @@ def main() -> int:
     # chunkserver that takes minutes to come back) the engines would be released at once and the history end
     # before a take-over after the last fault could be seen: hold them (the gates below) until the state moves
     # on from the one before that fault, or 30 s (the checker's limit) have passed.
+    return finish_run(a.history, names, killed, procs, go, stop, th, rec, hist,
+                      lambda: bool(faults) and lease(roots[0])[2] == before)
+
+
+def finish_run(history: str, names: list[str], killed: set[str], procs: dict[str, Any], go: str,
+               stop: threading.Event, sampler: threading.Thread, rec: Callable[..., None], hist: Any,
+               unsettled: Callable[[], bool]) -> int:
+    """The end of a fault run (this one's and tools/rgw_run.py's): hold the engines while ``unsettled()`` (for
+    30 s at most, the checker's limit), release them through the two gates, reap them (a wedged one is killed and
+    named), and append every engine's history to the run's. Returns the driver's exit status (0)."""
     settle = time.time() + 30
-    while faults and time.time() < settle and lease(roots[0])[2] == before:
+    while time.time() < settle and unsettled():
         time.sleep(0.2)
     deadline = time.time() + 300
     wedged = []
@@ -148,7 +159,7 @@ def main() -> int:
     live = [n for n in names if n not in killed]
     for step, opens in (('"rounds_done"', ".store"), ('"stored_final"', ".final")):
         while time.time() < deadline:
-            done = [n for n in live if any(step in ln for ln in _lines(a.history + f".{n}"))
+            done = [n for n in live if any(step in ln for ln in _lines(history + f".{n}"))
                     or procs[n].poll() is not None]
             if len(done) == len(live):
                 break
@@ -163,13 +174,13 @@ def main() -> int:
     for n in killed:
         procs[n].wait()
     stop.set()
-    th.join()
+    sampler.join()
     rec(op="end", start=time.time(), wedged=wedged, killed=sorted(killed),
         exits={n: procs[n].returncode for n in names})
     hist.close()
-    with open(a.history, "a") as out:  # one history: the run's records, then each engine's
+    with open(history, "a") as out:  # one history: the run's records, then each engine's
         for n in names:
-            for ln in _lines(a.history + f".{n}"):
+            for ln in _lines(history + f".{n}"):
                 out.write(ln if ln.endswith("\n") else ln + "\n")
     for p in (go, go + ".store", go + ".final"):
         os.unlink(p)

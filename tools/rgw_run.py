@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from dfs_run import ALLOWANCE, CHILD, FILE, INTERVAL, MAX, ROOT, TESTS, _lines  # noqa: E402
+from dfs_run import ALLOWANCE, CHILD, FILE, INTERVAL, MAX, ROOT, TESTS, finish_run  # noqa: E402
 from s3_server import RGWServer, rgw_env  # noqa: E402
 
 
@@ -167,40 +167,8 @@ def main() -> int:
         rec(op="fault", kind=f, target=target, target_pid=pids.get(target or ""), start=t0, end=time.time())
     # As tools/dfs_run.py: the engines are held at the barriers below until the state moves on from the one before
     # the last fault (or 30 s, the checker's limit), so a take-over after it can be seen in the samples.
-    settle = time.time() + 30
-    while faults and time.time() < settle and view.lease()[2] == before:
-        time.sleep(0.2)
-    deadline = time.time() + 300
-    wedged = []
-    live = [n for n in names if n not in killed]
-    for step, opens in (('"rounds_done"', ".store"), ('"stored_final"', ".final")):
-        while time.time() < deadline:
-            done = [n for n in live if any(step in ln for ln in _lines(a.history + f".{n}"))
-                    or procs[n].poll() is not None]
-            if len(done) == len(live):
-                break
-            time.sleep(0.2)
-        open(go + opens, "w").close()
-    for n in live:
-        try:
-            procs[n].wait(timeout=max(5, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            wedged.append(n)
-            procs[n].kill()
-    for n in killed:
-        procs[n].wait()
-    stop.set()
-    th.join()
-    rec(op="end", start=time.time(), wedged=wedged, killed=sorted(killed),
-        exits={n: procs[n].returncode for n in names})
-    hist.close()
-    with open(a.history, "a") as out:  # one history: the run's records, then each engine's
-        for n in names:
-            for ln in _lines(a.history + f".{n}"):
-                out.write(ln if ln.endswith("\n") else ln + "\n")
-    for p in (go, go + ".store", go + ".final"):
-        os.unlink(p)
-    return 0
+    return finish_run(a.history, names, killed, procs, go, stop, th, rec, hist,
+                      lambda: bool(faults) and view.lease()[2] == before)
 
 
 if __name__ == "__main__":
