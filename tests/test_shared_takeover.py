@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from test_shared_control import FILE, Engine, _start
+from test_shared_control import FILE, Engine, _start, pump
 
 
 def _ghosts(e: Engine, root: str) -> list[str]:
@@ -136,3 +136,63 @@ def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
 
 def wait_scanned(e: Engine, timeout: float = 10.0) -> bool:
     return wait_for(lambda: e.sb.holding is not None and e.sb.holding.scanned, timeout)
+
+
+def test_an_engine_that_takes_the_lease_back_writes_nothing_until_its_first_pass(tmp_path: Path) -> None:
+    """An engine that was the evictor once keeps the grant its last pass gave itself. Taking the lease again, it
+    admitted its own stores against that old grant while its take-over listing ran (up to ttl_s / 2, before the
+    first pass of the new generation counted the root): in the fleet run of issue 43 the TP=1 server, evictor at
+    the start, took the lease back when the TP=2 server was killed and wrote 25 chunks during its 4.7 s listing
+    through a FUSE mount, 20 chunks over max_bytes. A new generation grants nothing before its first pass."""
+    root = str(tmp_path)
+    a, b = _start(root)
+    pump([a, b], 3)
+    assert a.sb._own_grant > 0  # the premise: a granted itself room while b followed
+    time.sleep(1.2 * a.sb.ttl_s)  # a is silent: b takes the lease over, then a sees it and steps down
+    b.sb.tick()
+    assert b.sb.is_evictor
+    a.sb.tick()
+    assert not a.sb.is_evictor
+    for _ in range(3):
+        b.sb.tick()
+        a.sb.tick()
+    slow = threading.Event()
+    plain = a._rescan
+
+    def slow_rescan() -> None:
+        slow.wait(3 * a.sb.ttl_s)
+        plain()
+
+    a.sb._rescan = slow_rescan
+    b.sb.close()  # released: a takes the lease back at its next tick and lists the root first
+    at = threading.Thread(target=a.sb.tick, daemon=True)
+    at.start()
+    try:
+        assert wait_for(lambda: a.sb.is_evictor, 10)
+        written = [rel for rel in (a.store_one("a") for _ in range(4)) if rel is not None]
+        assert written == [], "stores admitted by a new evictor before its first pass"
+    finally:
+        slow.set()
+        at.join()
+    assert wait_scanned(a)
+    a.sb.tick()
+    assert a.store_one("a") is not None  # alone and listed: stores go on
+
+
+def test_the_evictors_writes_in_flight_stay_within_one_grant(tmp_path: Path) -> None:
+    """A successor counts the old evictor, now a follower, as writing under one allowance at most. So the evictor's
+    own admitted writes still in flight must stay within one grant across its passes: each pass used to start its
+    count again at 0, and writes slow to finish (a FUSE mount) piled up one grant per pass, beyond what a new
+    evictor allows for when the lease moves."""
+    root = str(tmp_path)
+    a, b = _start(root)
+    pump([a, b], 2, store=False)
+    grant = a.sb._own_grant
+    assert grant >= 2 * FILE
+    admitted = 0
+    for _ in range(4):  # writes admitted and never finished, over four passes
+        while a.sb._admit(FILE) is None:
+            admitted += FILE
+        a.sb.tick()
+        b.sb.tick()
+    assert admitted <= max(grant, a.sb._own_grant), (admitted, grant)

@@ -170,6 +170,7 @@ class EvictorRole:
             self._pending.clear()  # the evictor indexes its own files directly
             self._unmerged = 0
             self._since_pass = self._reserved
+            self._own_grant = 0  # a grant of an earlier generation: nothing is granted before this one's first pass
             self._refused = {}
         if rescan:
             # Listed on a thread of its own: a listing longer than ttl_s (a big tree, a slow FUSE or network mount)
@@ -207,6 +208,7 @@ class EvictorRole:
             self._watch = (None, time.monotonic())
             self._fresh_at = -1e18
             self._admitted = False
+            self._own_grant = 0
         self.index.max_bytes = None
         self.index.forget(list(h.doomed))  # not deleted: the new evictor's scan finds them on storage
 
@@ -262,9 +264,10 @@ class EvictorRole:
             oldest = min((v.ack[1] for v in live.values() if v.ack is not None and v.ack[0] == h.gen), default=h.seq)
             for seq in [q for q in h.grants if q < oldest]:
                 del h.grants[seq]
-            # The evictor's own writes since this pass: what is in flight now is in the index's reserved already.
+            # What this engine has admitted and not yet written stays charged against its grant: a successor allows
+            # for one grant per former evictor, so writes slow to finish must not pile up one grant per pass.
             self._own_grant = g
-            self._since_pass = 0
+            self._since_pass = self._reserved
             self._room.notify_all()
             state = {"gen": h.gen, "seq": h.seq, "owner": self.id, "host": host_tag(), "pid": os.getpid(),
                      "max_bytes": self.max_bytes, "target": target, "allowance": g, "used": counted,
