@@ -9,10 +9,8 @@ from typing import Any
 
 from ..errors import KVFormatError, ReplicaMismatchError
 from ..format._block import encode_block
-from ..format._fused import write_block_fused
 from ..format._native import xxh3_64
 from ..format._spec import BlockKey, Provenance
-from ..storage._local import LocalStore
 from ._row_core import EXISTS, FAILED, REFUSED, REPLICA_MISMATCH, STORE_ATTEMPTS, WRITTEN, RowCore
 
 
@@ -148,8 +146,8 @@ class RowStore(RowCore):
         # A local tier creates its hash directories itself, never the namespace directory (LocalStore.make_parent):
         # after its mount went away the store fails here instead of growing a tree on the disk underneath.
         # Only where the root's health is watched: there the namespace directory was made at start-up.
-        if (self.health is not None and isinstance(self.store, LocalStore)
-                and not os.path.isdir(os.path.dirname(self.store._abs(rel)))):
+        path = self.store.local_path(rel) if self.health is not None else None
+        if path is not None and not os.path.isdir(os.path.dirname(path)):
             self.store.make_parent(rel)
 
     def _gather_shards(self, h: str, base: int) -> memoryview | None:
@@ -197,10 +195,7 @@ class RowStore(RowCore):
     def _put_fused(self, rel: str, hdr: bytes, data: Any, others: tuple[memoryview, int, int] | None = None) -> bool:
         """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches;
         ``others``: the other worker slots, compared with the payload in the same pass."""
-        watched = self.health is not None and isinstance(self.store, LocalStore)
-        wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
-                                     overwrite=False, o_direct=self._o_direct,
-                                     make_parent=(lambda: self.store.make_parent(rel)) if watched else None,  # type: ignore[attr-defined]
-                                     others=others)
-        return wrote
+        watched = self.health is not None and self.store.is_local  # see _make_parent
+        return self.store.put_fused(rel, hdr, data, fsync=self.cfg.fsync, o_direct=self._o_direct,
+                                    keep_parents=1 if watched else None, others=others)
 

@@ -29,6 +29,7 @@ from ..format._read import BytesSource, FileId, FileSource, read_header_from, re
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, block_relpath
 from ..format._seal import Keyring
 from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, namespace_doc
+from ..format._template import HeaderTemplates
 from ..errors import KVFormatError
 
 
@@ -86,6 +87,7 @@ class Store(abc.ABC):
     ``reads_may_hang``: a read may block far longer than any request waits (network or FUSE storage: a stopped
     server, a partition). Loads from such a store read into a private buffer, so one given up on at its deadline
     can never write into KV memory later (cache/_row_load.py).
+    ``is_local``: the root is a local directory tree (:meth:`local_path` names its files).
     """
 
     root: str
@@ -94,6 +96,7 @@ class Store(abc.ABC):
     supports_o_direct: bool = False
     durable_put: bool = False
     reads_may_hang: bool = True
+    is_local: bool = False
     closed: bool = False
 
     # -- backend primitives -------------------------------------------------------------------
@@ -170,6 +173,50 @@ class Store(abc.ABC):
 
     def _namespace_dirs(self) -> Iterable[str]:
         return ()
+
+    # -- capabilities (what a caller asks of any store instead of testing its type) --------------------
+    def local_path(self, relpath: str) -> str | None:
+        """The filesystem path of ``relpath`` where the root is a local directory (for ``os`` calls no Store
+        method makes: a stat, a chmod); None elsewhere. ValueError for a path that leaves the root."""
+        return None
+
+    def fsspec_location(self, relpath: str) -> tuple[Any, str] | None:
+        """``(fsspec filesystem, path)`` of ``relpath`` where the store is fsspec-backed, for access past the
+        store (the conformance suite's raw reads and writes); None elsewhere."""
+        return None
+
+    def forget(self, relpaths: Iterable[str] | None = None) -> None:  # noqa: B027 (optional, not abstract)
+        """Drop cached existence answers (all of them by default); nothing to drop where none are cached."""
+
+    def namespace_dirs(self) -> builtins.list[str]:
+        """Namespaces present as directories holding a ``namespace.json``, found without listing block files
+        (whether a root is a kvformat root); none where the backend cannot tell."""
+        return sorted(self._namespace_dirs())
+
+    def make_parent(self, relpath: str, keep: int = 1) -> None:  # noqa: B027 (optional, not abstract)
+        """Create the missing directories above ``relpath`` below its first ``keep`` levels, which must exist
+        (else FileNotFoundError); nothing to do where storage has no directories."""
+
+    @property
+    def fused_io(self) -> bool:
+        """Whether :meth:`read_into_fused` and :meth:`put_fused` are offered (a plain local root)."""
+        return False
+
+    def read_into_fused(self, relpath: str, out: Any, *, expect: CanonicalLayout, key: BlockKey | None = None,
+                        verify: bool = True, o_direct: bool = False, keys: Keyring | None = None,
+                        templates: HeaderTemplates | None = None) -> BlockHeader:
+        """:meth:`read_into` as one read of header and payload, hashed as it lands (where :attr:`fused_io`).
+        ``out`` may be written before the header is checked, and is zeroed on any failure: for callers to which
+        every failure is a miss (the tier). ``templates``: checked headers, compared, not parsed (spec §11.1)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused I/O")
+
+    def put_fused(self, relpath: str, header: bytes, payload: Any, *, fsync: bool = False, o_direct: bool = False,
+                  keep_parents: int | None = None, others: tuple[Any, int, int] | None = None) -> bool:
+        """Publish one uncompressed file, never over one there (False then), in one write that hashes ``payload``
+        into ``header``'s zero ``kvf.dxxh3`` (where :attr:`fused_io`). ``keep_parents``: missing directories are
+        made by :meth:`make_parent` with that ``keep``. ``others``: ``(buffer, count, stride)``, copies that
+        must equal the payload (else ``ReplicaMismatchError``, nothing published)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused I/O")
 
     # -- shared public methods ------------------------------------------------------------------
     def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
