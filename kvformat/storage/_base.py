@@ -176,26 +176,22 @@ class Store(abc.ABC):
 
     # -- capabilities (what a caller asks of any store instead of testing its type) --------------------
     def local_path(self, relpath: str) -> str | None:
-        """The filesystem path of ``relpath`` where the root is a local directory (for ``os`` calls no Store
-        method makes: a stat, a chmod); None elsewhere. ValueError for a path that leaves the root."""
+        """The filesystem path of ``relpath`` on a local root (for a stat, a chmod); None elsewhere."""
         return None
 
     def fsspec_location(self, relpath: str) -> tuple[Any, str] | None:
-        """``(fsspec filesystem, path)`` of ``relpath`` where the store is fsspec-backed, for access past the
-        store (the conformance suite's raw reads and writes); None elsewhere."""
+        """``(fsspec filesystem, path)`` of ``relpath`` on an fsspec store (raw access past it: tests); else None."""
         return None
 
     def forget(self, relpaths: Iterable[str] | None = None) -> None:  # noqa: B027 (optional, not abstract)
-        """Drop cached existence answers (all of them by default); nothing to drop where none are cached."""
+        """Drop cached existence answers (all by default), where the store caches them."""
 
     def namespace_dirs(self) -> builtins.list[str]:
-        """Namespaces present as directories holding a ``namespace.json``, found without listing block files
-        (whether a root is a kvformat root); none where the backend cannot tell."""
+        """Directories holding a ``namespace.json``, found without listing block files (none if unknowable)."""
         return sorted(self._namespace_dirs())
 
     def make_parent(self, relpath: str, keep: int = 1) -> None:  # noqa: B027 (optional, not abstract)
-        """Create the missing directories above ``relpath`` below its first ``keep`` levels, which must exist
-        (else FileNotFoundError); nothing to do where storage has no directories."""
+        """Create the directories above ``relpath`` below its first ``keep`` levels (which must exist)."""
 
     @property
     def fused_io(self) -> bool:
@@ -205,17 +201,14 @@ class Store(abc.ABC):
     def read_into_fused(self, relpath: str, out: Any, *, expect: CanonicalLayout, key: BlockKey | None = None,
                         verify: bool = True, o_direct: bool = False, keys: Keyring | None = None,
                         templates: HeaderTemplates | None = None) -> BlockHeader:
-        """:meth:`read_into` as one read of header and payload, hashed as it lands (where :attr:`fused_io`).
-        ``out`` may be written before the header is checked, and is zeroed on any failure: for callers to which
-        every failure is a miss (the tier). ``templates``: checked headers, compared, not parsed (spec §11.1)."""
+        """:meth:`read_into` in one read, hashed as it lands (where :attr:`fused_io`); ``out`` is zeroed on any
+        failure, even a header's: for the tier, to which all are misses. ``templates``: spec §11.1."""
         raise NotImplementedError(f"{type(self).__name__} has no fused I/O")
 
     def put_fused(self, relpath: str, header: bytes, payload: Any, *, fsync: bool = False, o_direct: bool = False,
                   keep_parents: int | None = None, others: tuple[Any, int, int] | None = None) -> bool:
-        """Publish one uncompressed file, never over one there (False then), in one write that hashes ``payload``
-        into ``header``'s zero ``kvf.dxxh3`` (where :attr:`fused_io`). ``keep_parents``: missing directories are
-        made by :meth:`make_parent` with that ``keep``. ``others``: ``(buffer, count, stride)``, copies that
-        must equal the payload (else ``ReplicaMismatchError``, nothing published)."""
+        """One write of a new uncompressed file (False if one is there), hashing ``payload`` into ``header``'s zero
+        ``kvf.dxxh3`` (:attr:`fused_io`). ``keep_parents``: see :meth:`make_parent`; ``others``: copies to match."""
         raise NotImplementedError(f"{type(self).__name__} has no fused I/O")
 
     # -- shared public methods ------------------------------------------------------------------
@@ -253,7 +246,7 @@ class Store(abc.ABC):
         res: builtins.list[BlockHeader | BaseException | None] = [None] * len(items)
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
-            res[i] = self._one(rel, src, functools.partial(_read_payload, out=out, expect=expect, key=key,
+            res[i] = self._one(rel, src, functools.partial(_read_payload, out=_buffer(out), expect=expect, key=key,
                                                            verify=verify, keys=keys, stored_only=stored_only,
                                                            data_check=data_check))
         return res  # type: ignore[return-value]
@@ -312,6 +305,7 @@ class Store(abc.ABC):
         self._live()
         for rel, _ in items:
             self._check(rel)
+        items = [(rel, [_buffer(p) for p in parts]) for rel, parts in items]
         if self.asynchronous:
             # Taken here, in the caller's thread: a request still queued or retried after the
             # caller's deadline must not read a buffer the caller has since reused (a vLLM row slot).
@@ -394,7 +388,7 @@ class Store(abc.ABC):
         written only through this call is one that ``kvformat inspect``/``verify``/``gc`` accept.
         """
         rel = block_relpath(layout, key)
-        hdr, data = encode(payload, layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
+        hdr, data = encode(_buffer(payload), layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
         self._namespace_once(layout)
         wrote = self.put(rel, [hdr, data], overwrite=overwrite, fsync=fsync)
         return rel, len(hdr) + len(data), wrote
@@ -432,6 +426,13 @@ class Store(abc.ABC):
 
 
 __all__ = ["Store", "StoreEntry", "Quarantined", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]
+
+
+def _buffer(obj: Any) -> Any:  # a tensor (the stager's rows, a user's) as bytes for format/: torch only if given one
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):
+        from ..torch import as_buffer
+        return as_buffer(obj)
+    return obj
 
 
 def _read_checked(src: Any, *, rel: str, verify: bool, check: HeaderCheck | None) -> BlockHeader:
