@@ -255,8 +255,7 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
                 if mode is not None and (ns_path := store.local_path(f"{ns_name}/{NAMESPACE_FILE}")) is not None:
                     os.chmod(ns_path, mode)
     if dry_run:
-        # A directory, or any URL (file:// included): open_store would create a missing directory
-        dst_store = open_store(dst) if os.path.isdir(dst) or split_root(dst) != ("", dst) else None
+        dst_store = open_store(dst) if os.path.isdir(dst) or split_root(dst) != ("", dst) else None  # any URL
         for t in tasks:
             if dst_store is not None and dst_store.exists(t.rel):
                 rep.skipped += 1
