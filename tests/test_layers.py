@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kvformat.cli",),
     ("kvformat.testing",),
 ]
-# The one group whose members import each other by design (kvformat.torch <-> the format's lazy calls).
+# The one group of two folders (kvformat.torch binds the format's buffers to tensors; format never imports it).
 SAME_GROUP = {"kvformat.format": "format", "kvformat.torch": "format"}
 # Third-party engines and frameworks: only these folders may import them.
 CONFINED = {"vllm": ("kvformat.vllm",), "sglang": ("kvformat.sglang",)}
@@ -107,7 +107,9 @@ def test_every_module_has_a_layer_and_the_root_is_only_a_face() -> None:
         if m != "kvformat":
             _layer(m)
     imported_by_root = {_internal(n) for n, _ in _imports("kvformat")}
-    assert imported_by_root <= {"kvformat.format", "kvformat.errors", "kvformat._version"}, imported_by_root
+    # kvformat.torch: the file API that takes or gives tensors (format/ takes buffers only), imported on first use.
+    assert imported_by_root <= {"kvformat.format", "kvformat.torch", "kvformat.errors", "kvformat._version"}, \
+        imported_by_root
 
 
 def _upward(texts: dict[str, str] | None = None) -> list[str]:
@@ -189,3 +191,10 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     texts = {"kvformat.format._paths": "from ..cache import _lru\n", "kvformat.cache._lru": "from ..format import _paths\n"}
     assert any("kvformat.format._paths:1 imports kvformat.cache._lru" in b for b in _upward(texts))
     assert any({"kvformat.format._paths", "kvformat.cache._lru"} <= set(c) for c in _cycles(_graph(texts)))
+
+
+def test_format_takes_buffers_only() -> None:
+    """format/ never imports its torch binding: tensors become buffers in kvformat.torch and its callers."""
+    bad = [f"{m}:{line}" for m in MODULES if m == "kvformat.format" or m.startswith("kvformat.format.")
+           for name, line in _imports(m) if _internal(name) == "kvformat.torch"]
+    assert not bad, f"format/ imports kvformat.torch: {bad}"

@@ -25,7 +25,7 @@ from ..format._files import iter_files
 from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
 from ..storage._safepath import unlink_in
 from ..errors import PathEscapeError, UsageError
-from ..storage import LocalStore, Store, StoreEntry, open_store
+from ..storage import Store, StoreEntry, open_store, split_root
 from ._scan import not_a_root
 
 __all__ = ["GcReport", "open_gc_root", "plan_gc", "run_gc"]
@@ -77,18 +77,15 @@ def open_gc_root(root: str) -> Store:
     namespace directly under it (an empty tree, a legacy cache, or a parent of several roots, whose
     files gc must not treat as one LRU set).
     """
-    if "://" not in root or root.startswith("file://"):
-        path = root.removeprefix("file://")
+    scheme, path = split_root(root)
+    if not scheme:
         if not os.path.isdir(path):
             raise UsageError(f"{root}: not a directory")
         if os.path.isfile(os.path.join(path, NAMESPACE_FILE)):
             raise UsageError(f"{root}: a namespace directory; give its root ({os.path.dirname(os.path.abspath(path))})")
-        store: Store = LocalStore(path)
-    else:
-        store = open_store(root)
-    if not list(store._namespace_dirs()):
-        raise UsageError(not_a_root(root if "://" in root and not root.startswith("file://") else
-                                    root.removeprefix("file://"), "collect")
+    store = open_store(root)
+    if not store.namespace_dirs():
+        raise UsageError(not_a_root(root if scheme else path, "collect")
                          + "; gc deletes only block files inside a root's namespaces")
     return store
 
@@ -101,7 +98,7 @@ def plan_gc(store: Store, max_bytes: int | None, ignored: list[dict[str, str]] |
     nested root's files are one level deeper, so never); with ``namespaces_only`` (the CLI) only
     those whose directory holds a regular namespace.json, as the tier's roots all do.
     """
-    nss = set(store._namespace_dirs()) if namespaces_only else None
+    nss = set(store.namespace_dirs()) if namespaces_only else None
     entries = []
     for e in store.list():
         parts = block_path_parts(e.relpath)
@@ -124,7 +121,7 @@ def plan_gc(store: Store, max_bytes: int | None, ignored: list[dict[str, str]] |
 
 
 def _quarantined(store: Store, ids: dict[str, tuple[int, int]]) -> list[StoreEntry]:
-    if not isinstance(store, LocalStore):
+    if not store.is_local:
         raise UsageError("--quarantine: purging .quarantine is supported on local roots only (the Store "
                          "interface lists no quarantined objects)")
     qdir = os.path.join(store.root, QUARANTINE_DIR)

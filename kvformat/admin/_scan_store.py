@@ -122,7 +122,7 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
     if prefix:
         accs.setdefault(prefix, NamespaceStats(prefix))
     else:  # empty namespaces still show up
-        for ns in getattr(store, "_namespace_dirs", lambda: [])():
+        for ns in store.namespace_dirs():
             accs.setdefault(ns, NamespaceStats(ns))
     for acc in accs.values():
         if acc.layout is None:

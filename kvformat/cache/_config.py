@@ -10,6 +10,7 @@ from ..format._consts import SEAL_LEVELS
 from ..format._keys import looks_like_key
 from ..format._sizes import format_size, parse_limit
 from ..errors import SchemaError, UsageError
+from ..storage import split_root
 from ..storage._options import check_storage_options
 from ._keyscheme import parse_key_scheme
 
@@ -96,8 +97,8 @@ class TierConfig:
         """Check every parameter; raises SchemaError (a ValueError) naming the bad one."""
         if not isinstance(root, str) or not root or "\0" in root:
             raise SchemaError("root", f"expected a directory path or URL, got {root!r}")
-        if "://" not in root or root.startswith("file://"):
-            local = root[len("file://"):] if root.startswith("file://") else root
+        scheme, local = split_root(root)
+        if not scheme:
             if os.path.exists(local) and not os.path.isdir(local):
                 raise SchemaError("root", f"{local} exists and is not a directory")
         rev = kw.get("model_revision")

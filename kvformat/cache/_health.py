@@ -19,7 +19,6 @@ from ..errors import RootUnusableError
 from ..format._paths import NAMESPACE_FILE
 from ..format._spec import CanonicalLayout
 from ..storage import Store
-from ..storage._local import LocalStore
 from ..storage._probe import probe_store
 from ._log import CacheLog
 
@@ -68,7 +67,7 @@ class RootHealth:
     def __init__(self, store: Store, root: str, log: CacheLog, *, start_degraded: bool = False) -> None:
         self.store = store
         self.root = root
-        self.remote = not isinstance(store, LocalStore)
+        self.remote = not store.is_local
         self.log = log
         self.start_degraded = start_degraded
         self.state = OK
@@ -154,8 +153,9 @@ class RootHealth:
         return None
 
     def _read(self, rel: str) -> None:
-        if isinstance(self.store, LocalStore):
-            os.stat(self.store._abs(rel))
+        path = self.store.local_path(rel)
+        if path is not None:
+            os.stat(path)
         else:
             self.store.read_bytes(rel)  # a fresh request: the store's existence cache would not notice a change
 

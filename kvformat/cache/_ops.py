@@ -14,8 +14,7 @@ import time
 from typing import Any
 
 from ..format._sizes import format_size
-from ..storage import Store
-from ..storage._local import LocalStore
+from ..storage import Store, split_root
 from ._config import TierConfig
 from ._health import RootHealth
 from ._log import CacheLog
@@ -100,7 +99,7 @@ class RootOps:
 
     @property
     def backend(self) -> str:
-        return "local" if isinstance(self.store, LocalStore) else self.store.root.split("://", 1)[0]
+        return "local" if self.store.is_local else split_root(self.store.root)[0]
 
     def _bound(self) -> str:
         m = self.cfg.max_bytes

@@ -27,7 +27,6 @@ from ..format._template import HeaderEncoder, HeaderTemplates
 from ..layout._rules import RowPlan
 from ..storage import Store
 from ..storage._base import REPLACED, Quarantined
-from ..storage._local import LocalStore
 from ._config import TierConfig
 from ._counters import Counters
 from ._health import RootHealth
@@ -96,7 +95,6 @@ class RowCore:
         self._mtimes: dict[str, float] = {}  # relpath -> last known file mtime (written, scanned, touched)
         # Local buffered stores take the fused paths (one read / one write per chunk, payload hashed in the
         # same pass: kvformat._native); O_DIRECT reads and remote stores keep the Store calls.
-        # Exactly a LocalStore: a subclass may override put/read_into, and the fused path would bypass it.
         self._fuse_allowed = os.environ.get("KVFORMAT_NO_FUSED") != "1"
         self._o_direct = getattr(store, "o_direct", "off") != "off"
         # Loads that may be given up on at read_deadline_s read into this thread's private buffer and copy into
@@ -294,5 +292,5 @@ class RowCore:
     @property
     def _fused(self) -> bool:
         # Checked per call: the store may be swapped (tests) and a subclass's put/read_into must not be bypassed.
-        return self._fuse_allowed and type(self.store) is LocalStore
+        return self._fuse_allowed and self.store.fused_io
 

@@ -8,7 +8,6 @@ import time
 from typing import Any, Callable
 
 from ..errors import KVFormatError
-from ..format._fused import read_into_fused
 from ..format._spec import BlockKey
 from ._row_core import TOUCH_INTERVAL_S, RowCore
 
@@ -18,9 +17,8 @@ class RowLoad(RowCore):
 
     def _read_into(self, rel: str, dst: memoryview, key: BlockKey) -> Any:
         if self._fused:  # one read of header + payload; dst is ours, zeroed on any failure
-            return read_into_fused(self.store._abs(rel), dst, expect=self.layout, key=key,  # type: ignore[attr-defined]
-                                   verify=self.cfg.verify, o_direct=self._o_direct, keys=self.keys,
-                                   templates=self.templates)
+            return self.store.read_into_fused(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify,
+                                              o_direct=self._o_direct, keys=self.keys, templates=self.templates)
         return self.store.read_into(rel, dst, expect=self.layout, key=key, verify=self.cfg.verify, keys=self.keys)
 
     # -- load ----------------------------------------------------------------------------------

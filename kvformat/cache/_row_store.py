@@ -9,11 +9,13 @@ from typing import Any
 
 from ..errors import KVFormatError, ReplicaMismatchError
 from ..format._block import encode_block
-from ..format._fused import write_block_fused
 from ..format._native import xxh3_64
 from ..format._spec import BlockKey, Provenance
-from ..storage._local import LocalStore
 from ._row_core import EXISTS, FAILED, REFUSED, REPLICA_MISMATCH, STORE_ATTEMPTS, WRITTEN, RowCore
+from ._shared import SharedBound
+
+# The other worker slots the fused write compares with the payload: (buffer, count, stride).
+_Others = tuple[memoryview, int, int]
 
 
 class RowStore(RowCore):
@@ -24,6 +26,31 @@ class RowStore(RowCore):
         """Write chunk ``chunk_id``'s canonical payload as block ``h``. Returns (outcome, bytes written)."""
         rel = self.relpath(h)
         base = self._chunk_base(chunk_id)
+        early = self._decided_early(rel)
+        if early is not None:
+            return early
+        got = self._chunk_payload(h, base)
+        if got is None:
+            return REPLICA_MISMATCH, 0
+        payload, digests, others = got
+        key = BlockKey(h, self.layout.group)
+        fuse = self._fused and digests is None and self.cfg.compression == "none"
+        hdr, data = self._encode_chunk(key, payload, digests, fuse)
+        for attempt in range(STORE_ATTEMPTS):
+            if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
+                self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
+                return EXISTS, 0
+            shared = self.shared
+            done = self._write_once(h, base, rel, hdr, data, others, fuse, shared)
+            if done is None:  # another writer (instance, TP size) was first, or the file is a victim being deleted
+                done = self._adopt_existing(rel, key, shared)
+            if done is not None:
+                return done
+            self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
+        return FAILED, 0
+
+    def _decided_early(self, rel: str) -> tuple[str, int] | None:
+        """The outcome of a store settled before any work (root unusable, file being evicted, already indexed)."""
         if not self._usable():
             assert self.health is not None
             self.store_failed(f"root_{self.health.state}")
@@ -34,15 +61,19 @@ class RowStore(RowCore):
         if self.index.touch(rel):
             self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
             return EXISTS, 0
+        return None
+
+    def _chunk_payload(self, h: str, base: int) -> tuple[Any, list[int] | None, _Others | None] | None:
+        """(payload, the worker slots' digests or None, the slots the fused write compares or None); None when
+        the replicas differ (counted and logged)."""
         digests: list[int] | None = None
         if self.plan.shards:
-            sharded = self._gather_shards(h, base)
-            if sharded is None:
-                return REPLICA_MISMATCH, 0
-            payload = sharded
+            payload: Any = self._gather_shards(h, base)
+            if payload is None:
+                return None
         else:
             payload = self._payload_of(base)
-        others: tuple[memoryview, int, int] | None = None
+        others: _Others | None = None
         if self.copies > 1 and self.cfg.replica_policy == "verify" and not self.plan.shards:
             if (self._fused and self.plan.contiguous and self.cfg.compression == "none" and self.layout.seal is None
                     and self._slot_heads_match(base)):
@@ -56,100 +87,102 @@ class RowStore(RowCore):
                 digests = [xxh3_64(payload if r == 0 else self._payload_of(base + r * self.slot, 1))  # no GIL
                            for r in range(self.copies)]
                 if self._replicas_differ(h, digests, "the worker slots"):
-                    return REPLICA_MISMATCH, 0
-        key = BlockKey(h, self.layout.group)
-        fuse = self._fused and digests is None and self.cfg.compression == "none"
-        # The replicas not written (a sharded row holds the payload once across its shards).
-        saved = (max(0, self.copies * self.slot - self.payload_bytes) if self.plan.shards
-                 else (self.copies - 1) * self.slot)
-        data: Any
+                    return None
+        return payload, digests, others
+
+    def _encode_chunk(self, key: BlockKey, payload: Any, digests: list[int] | None, fuse: bool) -> tuple[bytes, Any]:
+        """The file's header region and data."""
         if fuse and self.layout.seal is None:  # kvf.dxxh3 zero, patched by the write that hashes the payload
-            hdr, data = self._encoder.encode(key), payload
-        else:
-            prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
-            hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
-                                        level=self.cfg.compression_level,
-                                        payload_xxh3=digests[0] if digests else (0 if fuse else None),
-                                        keys=self.keys,
-                                        out=self._buffer(2) if self.layout.seal == "encrypt" else None)
+            return self._encoder.encode(key), payload
+        prov = Provenance(**{**self.provenance.to_dict(), "created": int(time.time())})
+        hdr, data, _ = encode_block(payload, self.layout, key, provenance=prov, codec=self.cfg.compression,
+                                    level=self.cfg.compression_level,
+                                    payload_xxh3=digests[0] if digests else (0 if fuse else None),
+                                    keys=self.keys,
+                                    out=self._buffer(2) if self.layout.seal == "encrypt" else None)
+        return hdr, data
+
+    def _write_once(self, h: str, base: int, rel: str, hdr: bytes, data: Any,
+                    others: _Others | None, fuse: bool,
+                    shared: SharedBound | None) -> tuple[str, int] | None:
+        """One attempt to publish the file under room reserved for it; None when a file was already there."""
         size = len(hdr) + len(data)
-        for attempt in range(STORE_ATTEMPTS):
-            if attempt and self.index.touch(rel):  # the store we waited for (wait_gone) indexed the file
-                self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
-                return EXISTS, 0
-            shared = self.shared
-            if shared is not None:
-                why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
-                if why is not None:
-                    self.store_failed(why)
-                    return REFUSED, 0
-            # Reserved for rel: until add/release no other thread indexes the file this put publishes, so
-            # no eviction can delete it before our add (which would then index a ghost).
-            victims = self.index.reserve(size, rel)
-            try:
-                self.delete_victims(victims)
-                if fuse:  # the parent is made only when the write finds it missing: no stat per store
-                    wrote = self._put_fused(rel, hdr, data, others)
-                else:
-                    self._make_parent(rel)
-                    wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
-            except ReplicaMismatchError:  # found by the fused write: nothing was published
-                self.index.release(size, rel)
-                if shared is not None:
-                    shared.unreserve(size)
-                # The digests for the log: the rare path pays for them.
-                self._replicas_differ(h, [xxh3_64(self._payload_of(base + r * self.slot, 1))
-                                          for r in range(self.copies)], "the worker slots", found=True)
-                return REPLICA_MISMATCH, 0
-            except BaseException:
-                self.index.release(size, rel)
-                if shared is not None:
-                    shared.unreserve(size)
-                raise
-            if wrote:
-                self._mtimes[rel] = time.time()
-                if shared is not None:
-                    shared.wrote(rel, size)
-                self.delete_victims(self.index.add(rel, size, reserved=size))
-                self.counters.add(bytes_written=size, files_written=1, dedup_saved_bytes=saved)
-                return WRITTEN, size
-            self.index.release(size, rel)
-            if shared is not None:
-                shared.unreserve(size)
-            # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
-            # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
-            # On a shared root the evictor may have doomed the file since the check at the top: indexing it
-            # then would leave a ghost once it is deleted (a later load finds it missing). The read token
-            # keeps the evictor from deleting it until the refused() check after add_found has run.
-            token = shared.read_begin(rel) if shared is not None else None
-            if shared is not None and token is None:
-                self.store_failed("evicting" if shared.refused(rel) else "coordination")
+        if shared is not None:
+            why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
+            if why is not None:
+                self.store_failed(why)
                 return REFUSED, 0
-            since = self.index.pin(rel)
-            try:
-                existing = self._check_existing(rel, key, since)
-                if existing is not None and self.index.add_found(rel, existing, since):
-                    if shared is not None and shared.refused(rel):
-                        self.index.remove(rel)
-                        self.store_failed("evicting")
-                        return REFUSED, 0
-                    self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
-                    if shared is not None:
-                        shared.used(rel)
-                    return EXISTS, 0
-            finally:
-                self._unpin(rel)
+        # Reserved for rel: until add/release no other thread indexes the file this put publishes, so
+        # no eviction can delete it before our add (which would then index a ghost).
+        victims = self.index.reserve(size, rel)
+        try:
+            self.delete_victims(victims)
+            if fuse:  # the parent is made only when the write finds it missing: no stat per store
+                wrote = self._put_fused(rel, hdr, data, others)
+            else:
+                self._make_parent(rel)
+                wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
+        except ReplicaMismatchError:  # found by the fused write: nothing was published
+            self._unreserve(rel, size, shared)
+            # The digests for the log: the rare path pays for them.
+            self._replicas_differ(h, [xxh3_64(self._payload_of(base + r * self.slot, 1))
+                                      for r in range(self.copies)], "the worker slots", found=True)
+            return REPLICA_MISMATCH, 0
+        except BaseException:
+            self._unreserve(rel, size, shared)
+            raise
+        if wrote:
+            self._mtimes[rel] = time.time()
+            if shared is not None:
+                shared.wrote(rel, size)
+            self.delete_victims(self.index.add(rel, size, reserved=size))
+            # The replicas not written (a sharded row holds the payload once across its shards).
+            saved = (max(0, self.copies * self.slot - self.payload_bytes) if self.plan.shards
+                     else (self.copies - 1) * self.slot)
+            self.counters.add(bytes_written=size, files_written=1, dedup_saved_bytes=saved)
+            return WRITTEN, size
+        self._unreserve(rel, size, shared)
+        return None
+
+    def _unreserve(self, rel: str, size: int, shared: SharedBound | None) -> None:
+        self.index.release(size, rel)
+        if shared is not None:
+            shared.unreserve(size)
+
+    def _adopt_existing(self, rel: str, key: BlockKey, shared: SharedBound | None) -> tuple[str, int] | None:
+        """Index the valid file another writer published (EXISTS), refuse one being evicted; None to try again."""
+        # The pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
+        # On a shared root the evictor may have doomed the file since the check at the top: indexing it
+        # then would leave a ghost once it is deleted (a later load finds it missing). The read token
+        # keeps the evictor from deleting it until the refused() check after add_found has run.
+        token = shared.read_begin(rel) if shared is not None else None
+        if shared is not None and token is None:
+            self.store_failed("evicting" if shared.refused(rel) else "coordination")
+            return REFUSED, 0
+        since = self.index.pin(rel)
+        try:
+            existing = self._check_existing(rel, key, since)
+            if existing is not None and self.index.add_found(rel, existing, since):
+                if shared is not None and shared.refused(rel):
+                    self.index.remove(rel)
+                    self.store_failed("evicting")
+                    return REFUSED, 0
+                self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
                 if shared is not None:
-                    shared.read_end(token)
-            self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
-        return FAILED, 0
+                    shared.used(rel)
+                return EXISTS, 0
+        finally:
+            self._unpin(rel)
+            if shared is not None:
+                shared.read_end(token)
+        return None
 
     def _make_parent(self, rel: str) -> None:
         # A local tier creates its hash directories itself, never the namespace directory (LocalStore.make_parent):
         # after its mount went away the store fails here instead of growing a tree on the disk underneath.
         # Only where the root's health is watched: there the namespace directory was made at start-up.
-        if (self.health is not None and isinstance(self.store, LocalStore)
-                and not os.path.isdir(os.path.dirname(self.store._abs(rel)))):
+        path = self.store.local_path(rel) if self.health is not None else None
+        if path is not None and not os.path.isdir(os.path.dirname(path)):
             self.store.make_parent(rel)
 
     def _gather_shards(self, h: str, base: int) -> memoryview | None:
@@ -197,10 +230,7 @@ class RowStore(RowCore):
     def _put_fused(self, rel: str, hdr: bytes, data: Any, others: tuple[memoryview, int, int] | None = None) -> bool:
         """store.put of header + payload in one pass; ``hdr`` carries a zero kvf.dxxh3 that the write patches;
         ``others``: the other worker slots, compared with the payload in the same pass."""
-        watched = self.health is not None and isinstance(self.store, LocalStore)
-        wrote, _ = write_block_fused(self.store._abs(rel), hdr, data, fsync=self.cfg.fsync,  # type: ignore[attr-defined]
-                                     overwrite=False, o_direct=self._o_direct,
-                                     make_parent=(lambda: self.store.make_parent(rel)) if watched else None,  # type: ignore[attr-defined]
-                                     others=others)
-        return wrote
+        watched = self.health is not None and self.store.is_local  # see _make_parent
+        return self.store.put_fused(rel, hdr, data, fsync=self.cfg.fsync, o_direct=self._o_direct,
+                                    keep_parents=1 if watched else None, others=others)
 

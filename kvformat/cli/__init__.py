@@ -118,6 +118,7 @@ def _keyring(a: argparse.Namespace) -> Any:
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from ..admin._scan import find_store_root, namespace_dirs, not_a_root
     from ..legacy._rows import is_legacy_root
+    from ..storage import split_root
     from ._inspect import (
         inspect_file,
         inspect_legacy,
@@ -128,7 +129,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
     path = _local(a.path)
     keys = _keyring(a)
-    if "://" in path:
+    if split_root(path)[0]:
         from ._remote import inspect_url
 
         d = inspect_url(path, verify=a.verify, keys=keys)

@@ -12,7 +12,7 @@ from typing import Any
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, block_path_parts
 from ..format._seal import Keyring
 from ..errors import KVFormatError, UnknownKeyError
-from ..storage import Store, open_store
+from ..storage import Store, join_root, open_store, split_root
 from ..admin._scan import ProgressSink, scan_store, totals
 from ..admin._scan_store import placed
 from ._inspect import NOT_OUR_KEY, file_view
@@ -25,25 +25,25 @@ _VERIFY_BATCH_BYTES = 256 << 20
 
 def is_url(path: str) -> bool:
     """A remote root or object (``file://`` is handled as a local path)."""
-    return "://" in path and not path.startswith("file://")
+    return bool(split_root(path)[0])
 
 
 def _parent(url: str) -> tuple[str, str] | None:
     """(parent URL, last component) when the URL has a path below its bucket/host."""
-    scheme, rest = url.split("://", 1)
+    scheme, rest = split_root(url)
     if "/" not in rest.strip("/"):
         return None
     head, last = rest.rstrip("/").rsplit("/", 1)
-    return f"{scheme}://{head}", last
+    return join_root(scheme, head), last
 
 
 def _open_file(url: str) -> tuple[Store, str]:
     """(store at the kvformat root, relpath) for an object URL: ``<root>/<namespace>/<hh>/<hh>/<hash>.kvf``
     gives the root (so ``--quarantine`` moves it to ``<root>/.quarantine/``), anything else its parent."""
-    scheme, rest = url.split("://", 1)
+    scheme, rest = split_root(url)
     parts = rest.split("/")
     if len(parts) >= 5 and block_path_parts("/".join(parts[-4:]), strict=False) is not None:
-        return open_store(f"{scheme}://{'/'.join(parts[:-4])}"), "/".join(parts[-4:])
+        return open_store(join_root(scheme, "/".join(parts[:-4]))), "/".join(parts[-4:])
     par = _parent(url)
     if par is None:
         raise UsageError(f"{url}: not an object path")
@@ -117,12 +117,12 @@ def verify_url(url: str, *, quarantine: bool = False, progress: ProgressSink | N
                                    "namespace: placement not checked, never quarantined"})
     else:
         store, prefix = _open_dir(url)
-        if not prefix and not list(store._namespace_dirs()):
+        if not prefix and not store.namespace_dirs():
             raise UsageError(f"{store.root}: no kvformat namespace (<namespace>/namespace.json) under it: "
                              "nothing to verify")
         accs, errs = scan_store(store, prefix, verify=True, progress=progress, ignored=rep["ignored"], keys=keys)
         rep["checked"] = sum(a.files for a in accs)
-        nss = set(store._namespace_dirs())
+        nss = set(store.namespace_dirs())
         in_ns = True
     for rel, bad_err in errs:
         rep["bad"].append({"path": f"{store.root}/{rel}", "reason": bad_err.reason, "message": bad_err.message})

@@ -14,7 +14,7 @@ from ..format._paths import block_path_parts
 from ..format._seal import Keyring
 from ..errors import KVFormatError, UnknownKeyError
 from ..legacy._rows import is_legacy_root
-from ..storage import LocalStore
+from ..storage import LocalStore, split_root
 from ..admin._scan import (
     ProgressSink, check_block_file, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root,
 )
@@ -36,7 +36,7 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
     Sealed files (spec §12) are authenticated with ``keys``; without keys, checked as far as no key allows.
     A sealed file under a key not in ``keys`` is bad (it cannot be checked) but never quarantined.
     """
-    if "://" in path:
+    if split_root(path)[0]:
         from ._remote import verify_url
 
         rep = verify_url(path, quarantine=quarantine, progress=progress, keys=keys)

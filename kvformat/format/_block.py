@@ -14,11 +14,8 @@ from ..errors import ChecksumError, LayoutMismatchError, SchemaError, TruncatedE
 
 
 def as_bytes_view(obj: Any, *, writable: bool = False) -> memoryview:
-    """A flat unsigned-byte memoryview over bytes, bytearray, memoryview, mmap, numpy array or CPU tensor."""
-    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch.Tensor: torch only when given one
-        from ..torch import tensor_bytes
-
-        obj = tensor_bytes(obj)
+    """A flat unsigned-byte memoryview over bytes, bytearray, memoryview, mmap or numpy array (a tensor is
+    seen as bytes by its caller: ``kvformat.torch.as_buffer``)."""
     mv = memoryview(obj)
     if writable and mv.readonly:
         raise ValueError("the destination buffer is read-only")

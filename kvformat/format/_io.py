@@ -1,5 +1,6 @@
-"""The public file API of the format: :func:`save_file`, :func:`read_header`, :func:`read_into`,
-:func:`load_file`, :func:`open_block`. The work is done by :mod:`._write` (atomic publication),
+"""The public file API of the format over buffers: :func:`save_file`, :func:`read_header`, :func:`read_into`,
+:func:`open_block` (``kvformat.torch`` wraps the ones that take or give tensors). The work is done by
+:mod:`._write` (atomic publication),
 :mod:`._read` (the one read pipeline) and :mod:`._fused` (the tier's one-syscall paths); :mod:`._files`
 holds the torch-free helpers for untrusted trees.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from typing import Any
 
 from ._block import decode, encode_block
 from ._read import FileSource, read_header_from, read_payload_from, payload_buffer
@@ -18,14 +19,6 @@ from ._write import write_atomic
 from ..errors import KVFormatError
 
 
-def _as_payload(payload: Any, layout: CanonicalLayout) -> Any:
-    if isinstance(payload, Mapping):  # {layer name: tensor}: kvformat.torch checks and assembles it
-        from ..torch import payload_from_tensors
-
-        return payload_from_tensors(payload, layout)
-    return payload
-
-
 def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayout, key: BlockKey, *,
               provenance: Provenance | None = None, codec: str = "none", level: int | None = None,
               fsync: bool = False, keys: Keyring | None = None) -> BlockHeader:
@@ -33,7 +26,8 @@ def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayou
 
     Parameters
     ----------
-    payload: the canonical payload (bytes-like, CPU tensor, or ``{layer name: tensor}``).
+    payload: the canonical payload, bytes-like (``kvformat.save_file`` also takes a CPU tensor or
+        ``{layer name: tensor}``: :mod:`kvformat.torch`).
     path: destination file.
     layout, key: what the payload is (the header records both). A layout with ``seal`` set
         (``layout.with_seal("encrypt")``) writes a sealed file (spec §12).
@@ -52,8 +46,7 @@ def save_file(payload: Any, path: str | os.PathLike[str], layout: CanonicalLayou
     LayoutMismatchError if the payload size does not match ``layout``; OSError from the filesystem.
     """
     prov = provenance or Provenance(writer=_writer(), created=int(time.time()))
-    hdr, data, info = encode_block(_as_payload(payload, layout), layout, key, provenance=prov, codec=codec,
-                                   level=level, keys=keys)
+    hdr, data, info = encode_block(payload, layout, key, provenance=prov, codec=codec, level=level, keys=keys)
     write_atomic(os.fspath(path), [hdr, data], fsync=fsync)
     return info
 
@@ -80,7 +73,8 @@ def read_header(path: str | os.PathLike[str], *, verify: bool = True) -> BlockHe
 def read_into(path: str | os.PathLike[str], out: Any, *, expect: CanonicalLayout | None = None,
               key: BlockKey | None = None, verify: bool = True, o_direct: bool = False,
               keys: Keyring | None = None) -> BlockHeader:
-    """Read a file's payload straight into ``out`` (memoryview, mmap slice, bytearray, CPU tensor).
+    """Read a file's payload straight into ``out`` (memoryview, mmap slice, bytearray, numpy array; a CPU tensor
+    through ``kvformat.read_into``).
 
     The header is checked (and against ``expect``/``key`` when given) before ``out`` is touched.
     Any failure after that (checksum, zstd frame, short read, with or without ``verify``) zero-fills
@@ -115,21 +109,6 @@ def verify_file(path: str | os.PathLike[str], *, keys: Keyring | None = None) ->
         raise e.with_path(p) from None
 
 
-def load_file(path: str | os.PathLike[str], *, expect: CanonicalLayout | None = None, key: BlockKey | None = None,
-              verify: bool = True, keys: Keyring | None = None) -> dict[str, Any]:
-    """safetensors-style: ``{layer name: torch.Tensor}`` of shape ``(blocks_per_chunk, *layer.shape)``.
-
-    Packed dtypes come back as uint8 (the header's ``kv_dtype`` says what they hold). A sealed file
-    needs ``keys`` (see :func:`read_into`).
-    """
-    from ..torch import empty_payload, tensors_from_payload
-
-    hdr = read_header(path, verify=False)
-    buf = empty_payload(hdr.raw_bytes)
-    hdr = read_into(path, buf, expect=expect, key=key, verify=verify, keys=keys)
-    return tensors_from_payload(buf, hdr.layout)
-
-
 class BlockFile:
     """An open kvformat file: ``header`` now, payload on demand. Use as a context manager."""
 
@@ -142,10 +121,6 @@ class BlockFile:
     def read_into(self, out: Any, **kw: Any) -> BlockHeader:
         """See :func:`kvformat.read_into`."""
         return read_into(self.path, out, verify=self._verify, **{"keys": self._keys, **kw})
-
-    def tensors(self) -> dict[str, Any]:
-        """See :func:`kvformat.load_file`."""
-        return load_file(self.path, verify=self._verify, keys=self._keys)
 
     def __enter__(self) -> "BlockFile":
         return self

@@ -30,7 +30,7 @@ from ._rows import (
     Ignored, LegacyFile, LegacyNamespace, RowLayout, find_namespaces, infer_row, iter_legacy_files,
     key_for, provenance_for,
 )
-from ..storage import LocalStore, open_store
+from ..storage import open_store, split_root
 
 __all__ = ["WRITER", "CompactProgress", "CompactReport", "FileResult", "check_destination", "compact", "dir_mode",
            "output_header_bytes"]
@@ -139,11 +139,11 @@ def check_destination(src: str, dst: str) -> None:
     An in-memory filesystem (``memory://``) loses every output when the process exits, which with
     ``--delete-source`` would delete the only copy of the cache.
     """
-    if "://" in dst and not dst.startswith("file://"):
+    proto, d = split_root(dst)
+    if proto:
         import fsspec
         from fsspec.implementations.memory import MemoryFileSystem
 
-        proto = dst.split("://", 1)[0]
         try:
             cls = fsspec.get_filesystem_class(proto)
         except (ValueError, ImportError):
@@ -152,7 +152,6 @@ def check_destination(src: str, dst: str) -> None:
             raise UsageError(f"{dst}: an in-memory filesystem does not outlive this process; the outputs would be "
                              "lost (and with --delete-source the sources too). Give a directory or a durable URL")
         return
-    d = dst[len("file://"):] if dst.startswith("file://") else dst
     if os.path.realpath(d) == os.path.realpath(src):
         raise UsageError("DST must differ from SRC")
 
@@ -253,10 +252,10 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
             if t.row.layout.namespace() not in seen:
                 seen.add(t.row.layout.namespace())
                 ns_name = store.ensure_namespace(t.row.layout)
-                if mode is not None and isinstance(store, LocalStore):
-                    os.chmod(os.path.join(store.root, ns_name, NAMESPACE_FILE), mode)
+                if mode is not None and (ns_path := store.local_path(f"{ns_name}/{NAMESPACE_FILE}")) is not None:
+                    os.chmod(ns_path, mode)
     if dry_run:
-        dst_store = open_store(dst) if os.path.isdir(dst) or "://" in dst else None
+        dst_store = open_store(dst) if os.path.isdir(dst) or split_root(dst) != ("", dst) else None  # any URL
         for t in tasks:
             if dst_store is not None and dst_store.exists(t.rel):
                 rep.skipped += 1

@@ -20,7 +20,7 @@ from ..format._files import read_exact
 from ..format._seal import Keyring
 from ..errors import KVFormatError, ReplicaMismatchError
 from ._rows import LegacyFile, RowLayout, extract_payload, key_for, provenance_for
-from ..storage import LocalStore, Store
+from ..storage import Store
 from ..storage._safepath import MOVED as UNLINKED, open_in, unlink_in
 
 WRITER = f"kvformat-compact {__version__}"  # fixed: outputs must not depend on when/where they were made
@@ -64,7 +64,7 @@ class Converter:
 
     def __post_init__(self) -> None:
         self._tls = threading.local()
-        self._local_root = self.store.root if isinstance(self.store, LocalStore) else None
+        self._local_root = self.store.root if self.store.is_local else None
 
     def _buf(self, n: int) -> memoryview:
         b = getattr(self._tls, "buf", None)

@@ -41,7 +41,7 @@ from ..cache._pool import DualPool
 from ..cache._rows import EXISTS, WRITTEN, RowEngine
 from ..errors import SchemaError
 from ..format._spec import Provenance
-from ..storage import open_store
+from ..storage import open_store, split_root
 from ._facts import PageFacts, page_facts, page_plan
 
 __all__ = ["KVFormatHiCache"]
@@ -102,7 +102,7 @@ class KVFormatHiCache(HiCacheStorage):
         self.storage_config = storage_config
         self._extra = extra
         root = self.config.root
-        if "://" not in root or root.startswith("file://"):
+        if not split_root(root)[0]:
             self.store = open_store(root, o_direct=self.config.o_direct)
         else:
             self.store = open_store(root, **self.config.storage_options)

@@ -6,14 +6,15 @@
 Modules: ``_base`` (``Store``: the shared public methods and the backend primitives they need),
 ``_local`` (local files), ``_fsspec`` (the generic remote store), ``_batch`` (the remote batch runner:
 deadlines, retries, error translation), ``_redact`` (credentials out of reprs, logs, errors), ``_s3``
-(S3-only calls), ``_exists`` (the remote existence cache). The conformance suite every backend passes
-is ``kvformat.testing.StoreTests``.
+(S3-only calls), ``_exists`` (the remote existence cache), ``_root`` (``split_root``: a local path or a
+URL). The conformance suite every backend passes is ``kvformat.testing.StoreTests``.
 """
 
 from typing import Any
 
 from ._base import Quarantined, Store, StoreEntry
 from ._local import LocalStore
+from ._root import join_root, split_root
 
 
 def open_store(root: str, **storage_options: Any) -> Store:
@@ -28,12 +29,12 @@ def open_store(root: str, **storage_options: Any) -> Store:
     ------
     ImportError naming the package to install when a URL's fsspec backend is missing.
     """
-    if "://" not in root or root.startswith("file://"):
-        path = root[len("file://"):] if root.startswith("file://") else root
+    scheme, path = split_root(root)
+    if not scheme:
         return LocalStore(path, **storage_options)
     from ._fsspec import FsspecStore
 
     return FsspecStore(root, **storage_options)
 
 
-__all__ = ["Store", "StoreEntry", "Quarantined", "LocalStore", "open_store"]
+__all__ = ["Store", "StoreEntry", "Quarantined", "LocalStore", "open_store", "split_root", "join_root"]

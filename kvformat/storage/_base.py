@@ -29,6 +29,7 @@ from ..format._read import BytesSource, FileId, FileSource, read_header_from, re
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, block_relpath
 from ..format._seal import Keyring
 from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, namespace_doc
+from ..format._template import HeaderTemplates
 from ..errors import KVFormatError
 
 
@@ -86,6 +87,7 @@ class Store(abc.ABC):
     ``reads_may_hang``: a read may block far longer than any request waits (network or FUSE storage: a stopped
     server, a partition). Loads from such a store read into a private buffer, so one given up on at its deadline
     can never write into KV memory later (cache/_row_load.py).
+    ``is_local``: the root is a local directory tree (:meth:`local_path` names its files).
     """
 
     root: str
@@ -94,6 +96,7 @@ class Store(abc.ABC):
     supports_o_direct: bool = False
     durable_put: bool = False
     reads_may_hang: bool = True
+    is_local: bool = False
     closed: bool = False
 
     # -- backend primitives -------------------------------------------------------------------
@@ -171,6 +174,43 @@ class Store(abc.ABC):
     def _namespace_dirs(self) -> Iterable[str]:
         return ()
 
+    # -- capabilities (what a caller asks of any store instead of testing its type) --------------------
+    def local_path(self, relpath: str) -> str | None:
+        """The filesystem path of ``relpath`` on a local root (for a stat, a chmod); None elsewhere."""
+        return None
+
+    def fsspec_location(self, relpath: str) -> tuple[Any, str] | None:
+        """``(fsspec filesystem, path)`` of ``relpath`` on an fsspec store (raw access past it: tests); else None."""
+        return None
+
+    def forget(self, relpaths: Iterable[str] | None = None) -> None:  # noqa: B027 (optional, not abstract)
+        """Drop cached existence answers (all by default), where the store caches them."""
+
+    def namespace_dirs(self) -> builtins.list[str]:
+        """Directories holding a ``namespace.json``, found without listing block files (none if unknowable)."""
+        return sorted(self._namespace_dirs())
+
+    def make_parent(self, relpath: str, keep: int = 1) -> None:  # noqa: B027 (optional, not abstract)
+        """Create the directories above ``relpath`` below its first ``keep`` levels (which must exist)."""
+
+    @property
+    def fused_io(self) -> bool:
+        """Whether :meth:`read_into_fused` and :meth:`put_fused` are offered (a plain local root)."""
+        return False
+
+    def read_into_fused(self, relpath: str, out: Any, *, expect: CanonicalLayout, key: BlockKey | None = None,
+                        verify: bool = True, o_direct: bool = False, keys: Keyring | None = None,
+                        templates: HeaderTemplates | None = None) -> BlockHeader:
+        """:meth:`read_into` in one read, hashed as it lands (where :attr:`fused_io`); ``out`` is zeroed on any
+        failure, even a header's: for the tier, to which all are misses. ``templates``: spec §11.1."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused I/O")
+
+    def put_fused(self, relpath: str, header: bytes, payload: Any, *, fsync: bool = False, o_direct: bool = False,
+                  keep_parents: int | None = None, others: tuple[Any, int, int] | None = None) -> bool:
+        """One write of a new uncompressed file (False if one is there), hashing ``payload`` into ``header``'s zero
+        ``kvf.dxxh3`` (:attr:`fused_io`). ``keep_parents``: see :meth:`make_parent`; ``others``: copies to match."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused I/O")
+
     # -- shared public methods ------------------------------------------------------------------
     def read_into(self, relpath: str, out: Any, *, expect: CanonicalLayout | None = None,
                   key: BlockKey | None = None, verify: bool = True, keys: Keyring | None = None,
@@ -206,7 +246,7 @@ class Store(abc.ABC):
         res: builtins.list[BlockHeader | BaseException | None] = [None] * len(items)
         for i, src in self._open_many(rels, head_only=False, timeout_s=timeout_s):
             rel, out, key = items[i]
-            res[i] = self._one(rel, src, functools.partial(_read_payload, out=out, expect=expect, key=key,
+            res[i] = self._one(rel, src, functools.partial(_read_payload, out=_buffer(out), expect=expect, key=key,
                                                            verify=verify, keys=keys, stored_only=stored_only,
                                                            data_check=data_check))
         return res  # type: ignore[return-value]
@@ -265,6 +305,7 @@ class Store(abc.ABC):
         self._live()
         for rel, _ in items:
             self._check(rel)
+        items = [(rel, [_buffer(p) for p in parts]) for rel, parts in items]
         if self.asynchronous:
             # Taken here, in the caller's thread: a request still queued or retried after the
             # caller's deadline must not read a buffer the caller has since reused (a vLLM row slot).
@@ -347,7 +388,7 @@ class Store(abc.ABC):
         written only through this call is one that ``kvformat inspect``/``verify``/``gc`` accept.
         """
         rel = block_relpath(layout, key)
-        hdr, data = encode(payload, layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
+        hdr, data = encode(_buffer(payload), layout, key, provenance=provenance, codec=codec, level=level, keys=keys)
         self._namespace_once(layout)
         wrote = self.put(rel, [hdr, data], overwrite=overwrite, fsync=fsync)
         return rel, len(hdr) + len(data), wrote
@@ -385,6 +426,13 @@ class Store(abc.ABC):
 
 
 __all__ = ["Store", "StoreEntry", "Quarantined", "quarantine_relpath", "FILE_SUFFIX", "QUARANTINE_DIR"]
+
+
+def _buffer(obj: Any) -> Any:  # a tensor (the stager's rows, a user's) as bytes for format/: torch only if given one
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):
+        from ..torch import as_buffer
+        return as_buffer(obj)
+    return obj
 
 
 def _read_checked(src: Any, *, rel: str, verify: bool, check: HeaderCheck | None) -> BlockHeader:

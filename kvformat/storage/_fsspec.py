@@ -169,6 +169,9 @@ class FsspecStore(Store, Requests):
     def _cached(self, relpath: str) -> bool | None:
         return self._exists.get(relpath)
 
+    def fsspec_location(self, relpath: str) -> tuple[Any, str]:
+        return self._fs, f"{self._base}/{relpath}"
+
     def forget(self, relpaths: Iterable[str] | None = None) -> None:
         """Drop cached existence answers (all of them by default), e.g. after another host ran gc."""
         self._exists.forget(relpaths)

@@ -12,6 +12,10 @@ import time
 from typing import Any, Iterator, Sequence
 
 from ..format._files import iter_files
+from ..format._fused import read_into_fused, write_block_fused
+from ..format._spec import BlockHeader, BlockKey, CanonicalLayout
+from ..format._seal import Keyring
+from ..format._template import HeaderTemplates
 from ..format._read import _O_DIRECT, FileId, FileSource
 from ..format._write import TMP_PREFIX, temp_writer_gone, write_atomic
 from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
@@ -57,6 +61,7 @@ class LocalStore(Store):
     """
 
     supports_o_direct = bool(_O_DIRECT)
+    is_local = True
 
     def __init__(self, root: str, *, o_direct: str = "off") -> None:
         if o_direct not in ("auto", "on", "off"):
@@ -80,6 +85,28 @@ class LocalStore(Store):
 
     def _where(self, relpath: str) -> str:
         return self._abs(relpath)
+
+    def local_path(self, relpath: str) -> str:
+        return self._abs(relpath)
+
+    @property
+    def fused_io(self) -> bool:
+        # Exactly a LocalStore: a subclass may override put/read_into, and the fused paths would bypass it.
+        return type(self) is LocalStore
+
+    def read_into_fused(self, relpath: str, out: Any, *, expect: CanonicalLayout, key: BlockKey | None = None,
+                        verify: bool = True, o_direct: bool = False, keys: Keyring | None = None,
+                        templates: HeaderTemplates | None = None) -> BlockHeader:
+        return read_into_fused(self._abs(relpath), out, expect=expect, key=key, verify=verify, o_direct=o_direct,
+                               keys=keys, templates=templates)
+
+    def put_fused(self, relpath: str, header: bytes, payload: Any, *, fsync: bool = False, o_direct: bool = False,
+                  keep_parents: int | None = None, others: tuple[Any, int, int] | None = None) -> bool:
+        keep = keep_parents
+        wrote, _ = write_block_fused(self._abs(relpath), header, payload, fsync=fsync, overwrite=False,
+                                     o_direct=o_direct, others=others,
+                                     make_parent=None if keep is None else lambda: self.make_parent(relpath, keep))
+        return wrote
 
     # -- primitives -------------------------------------------------------------------------------
     def _open_many(self, relpaths: Sequence[str], *, head_only: bool,

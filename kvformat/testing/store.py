@@ -3,8 +3,9 @@
 A backend's test module subclasses :class:`StoreTests` and provides the ``store`` fixture. The suite
 corrupts and inspects stored files through ``raw_read``/``raw_write``/``raw_exists``, which bypass the
 store, so a store that reads back what it wrote wrongly cannot hide it behind its own write path.
-They know :class:`~kvformat.storage.LocalStore` and :class:`~kvformat.storage._fsspec.FsspecStore`;
-a third-party backend overrides the three methods of the same names on its subclass.
+They reach local roots through :meth:`Store.local_path` and fsspec-backed ones through
+:meth:`Store.fsspec_location`; a third-party backend with neither overrides the three methods of the same
+names on its subclass.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..format._spec import BlockKey, CanonicalLayout
 from ..errors import (
     ChecksumError, CodecError, KVFormatError, LayoutMismatchError, TagMismatchError, TruncatedError, UnknownKeyError,
 )
-from ..storage import LocalStore, Store
+from ..storage import Store
 
 MODEL = "deepseek-ai/DeepSeek-V2-Lite"
 SENTINEL = 0x07
@@ -50,17 +51,16 @@ def key(i: int) -> BlockKey:
     return BlockKey(hashlib.sha256(str(i).encode()).hexdigest())
 
 
-def _fsspec_path(store: Any, relpath: str) -> tuple[Any, str]:
-    from ..storage._fsspec import FsspecStore
-
-    if not isinstance(store, FsspecStore):
+def _fsspec_path(store: Store, relpath: str) -> tuple[Any, str]:
+    where = store.fsspec_location(relpath)
+    if where is None:
         raise TypeError(f"no raw access to {type(store).__name__}: override raw_read/raw_write/raw_exists")
-    return store._fs, f"{store._base}/{relpath}"
+    return where
 
 
 def raw_read(store: Store, relpath: str) -> bytes:
     """The stored bytes of ``relpath``, read past the store (its caches and read path)."""
-    if isinstance(store, LocalStore):
+    if store.is_local:
         return (Path(store.root) / relpath).read_bytes()
     fs, p = _fsspec_path(store, relpath)
     return bytes(fs.cat_file(p))
@@ -68,19 +68,19 @@ def raw_read(store: Store, relpath: str) -> bytes:
 
 def raw_write(store: Store, relpath: str, data: bytes) -> None:
     """Replace the stored bytes of ``relpath`` past the store (and drop its cached answers)."""
-    if isinstance(store, LocalStore):
+    if store.is_local:
         f = Path(store.root) / relpath
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(data)
         return
     fs, p = _fsspec_path(store, relpath)
     fs.pipe_file(p, data)
-    store.forget()  # type: ignore[attr-defined]
+    store.forget()
 
 
 def raw_exists(store: Store, relpath: str) -> bool:
     """Whether ``relpath`` is stored, asked past the store."""
-    if isinstance(store, LocalStore):
+    if store.is_local:
         return (Path(store.root) / relpath).is_file()
     fs, p = _fsspec_path(store, relpath)
     try:

@@ -59,7 +59,7 @@ from ..cache._jobs import CounterReport, JobBook, shutdown_bounded
 from ..cache._rows import RowEngine
 from ..cache._sealing import sealed_plans
 from ..errors import SchemaError
-from ..storage import Store, open_store
+from ..storage import Store, open_store, split_root
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -217,7 +217,7 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         self._report = CounterReport(self.engine.counters, self.index)
 
     def _open_store(self, root: str) -> Store:
-        local = "://" not in root or root.startswith("file://")
+        local = not split_root(root)[0]
         try:
             if local:  # storage_options are for URL roots only
                 if self.config.storage_options:
