@@ -23,11 +23,6 @@ _BATCH = 256
 _VERIFY_BATCH_BYTES = 256 << 20
 
 
-def is_url(path: str) -> bool:
-    """A remote root or object (``file://`` is handled as a local path)."""
-    return "://" in path and not path.startswith("file://")
-
-
 def _parent(url: str) -> tuple[str, str] | None:
     """(parent URL, last component) when the URL has a path below its bucket/host."""
     scheme, rest = url.split("://", 1)
