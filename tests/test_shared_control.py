@@ -24,7 +24,7 @@ from kvformat.cache._shared import ENGINES_DIR, LEASE_DIR, STATE_FILE, SharedBou
 from kvformat.cache._shared_check import MAX_CONTROL_BYTES, MAX_GEN, Stuck
 from kvformat.cache._shared_mac import ControlMac
 from kvformat.storage import LocalStore
-from treediff import changes
+from treediff import changes, snapshot
 
 FILE = 4096
 MAX = 64 * FILE
@@ -73,10 +73,6 @@ def _payload(rel: str) -> bytes:
 
 def _kvf_bytes(root: str) -> int:
     return sum(p.stat().st_size for p in Path(root).rglob("*.kvf") if ".kvformat" not in p.parts)
-
-
-def _tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -139,7 +135,7 @@ def _serving(engines: list[Engine]) -> None:
 
 def test_journal_records_with_path_tricks_are_skipped_and_nothing_outside_changes(site: tuple[str, Path]) -> None:
     root, sentinel = site
-    before = _tree(sentinel)
+    before = snapshot(sentinel)
     engines = _start(root)
     out = f"../{sentinel.name}/ns/x/000000.kvf"
     evil = [[1, "w", out, FILE], [2, "w", "/" + str(sentinel / "keep.txt"), FILE], [3, "w", "ns/../../x.kvf", FILE],
@@ -150,7 +146,7 @@ def test_journal_records_with_path_tricks_are_skipped_and_nothing_outside_change
     pump(engines, 60)  # far past the bound: the evictor evicts (what the bad records named too, had they counted)
     a = engines[0].sb
     assert a.root_view()["control_rejected"]["path"] == 6
-    assert not changes(before, _tree(sentinel)), changes(before, _tree(sentinel))
+    assert not changes(before, snapshot(sentinel)), changes(before, snapshot(sentinel))
     _serving(engines)
     assert _kvf_bytes(root) <= MAX
 
@@ -415,7 +411,7 @@ def test_fuzzed_control_files_under_two_engines(site: tuple[str, Path], caplog: 
     once the co-tenant stops, the root serves again and the disk is back under the bound."""
 
     root, sentinel = site
-    before = _tree(sentinel)
+    before = snapshot(sentinel)
     engines = _start(root, ttl_s=0.3)
     rng = random.Random(31)
     caplog.set_level(logging.WARNING, logger="test_shared_control")
@@ -429,7 +425,7 @@ def test_fuzzed_control_files_under_two_engines(site: tuple[str, Path], caplog: 
     crashes = [r.getMessage() for r in caplog.records if "coordinating the shared root failed" in r.getMessage()]
     assert not crashes, crashes[:3]
     assert wrong == 0
-    assert not changes(before, _tree(sentinel)), changes(before, _tree(sentinel))
+    assert not changes(before, snapshot(sentinel)), changes(before, snapshot(sentinel))
     for p in Path(root, ".kvformat").rglob("*"):  # the co-tenant stops: its planted files go
         if p.is_symlink() or (p.exists() and not p.is_file() and not p.is_dir()):
             p.unlink()
@@ -441,4 +437,4 @@ def test_fuzzed_control_files_under_two_engines(site: tuple[str, Path], caplog: 
     _serving(engines)
     pump(engines, 80)
     assert _kvf_bytes(root) <= MAX
-    assert not changes(before, _tree(sentinel)), changes(before, _tree(sentinel))
+    assert not changes(before, snapshot(sentinel)), changes(before, snapshot(sentinel))

@@ -28,6 +28,7 @@ from kvformat.staging import (
 )
 from kvformat.storage import open_store
 from kvformat.testing.ranks import rank_context, run_ranks
+from staging_helpers import RacingStager
 
 ROOT = Path(__file__).resolve().parents[1]
 N_LAYERS, TPB, WIDTH, BPC = 4, 8, 32, 4  # page = 8 * 32 * 2 = 512 bytes per layer per block
@@ -402,17 +403,6 @@ def test_load_failure_is_published_and_slot_never_read(tmp_path: Path) -> None:
             row.close()
 
 
-class _RacingStager(Stager):
-    """Lets the writer republish the chunk between this rank's copy of the slot and its re-check."""
-
-    race: Callable[[], None] | None = None
-
-    def _check_unchanged(self, chunk: int, epoch: int) -> None:
-        if self.race is not None:
-            self.race()
-        super()._check_unchanged(chunk, epoch)
-
-
 def test_republished_slot_is_detected_and_never_reaches_the_kv() -> None:
     L = _layout()
     rows = _open_threads(_name(), 2, L.payload_bytes)
@@ -420,7 +410,7 @@ def test_republished_slot_is_detected_and_never_reaches_the_kv() -> None:
         kv_w, ids = _kv(), _ids(7)
         w = Stager(rows[0], kv_w, L, timeout_s=5)
         kv_r = [torch.zeros(NUM_BLOCKS, TPB, WIDTH, dtype=torch.bfloat16) for _ in range(N_LAYERS)]
-        r = _RacingStager(rows[1], kv_r, L, timeout_s=5)
+        r = RacingStager(rows[1], kv_r, L, timeout_s=5)
         assert w.stage_out(ids[0], 0) and not r.stage_out(ids[0], 0)
         r.race = lambda: w.stage_out(ids[1], 0)  # the writer reuses chunk 0 while r is reading it
         with pytest.raises(StagingConflictError, match="KV was not modified"):

@@ -7,12 +7,13 @@ it was asked to publish.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import pytest
 
 from kvformat.staging import DONE, Stager, StagingConflictError
 from kvformat.storage import LocalStore
+from staging_helpers import RacingStager
 from test_staging import _ids, _key, _kv, _layout, _name, _open_threads
 
 
@@ -34,17 +35,6 @@ class _RecordingStore(LocalStore):
         return super()._delete_many(relpaths, timeout_s)
 
 
-class _RacingStager(Stager):
-    """Runs ``race`` (the writer republishing the chunk) right before this rank re-checks the slot."""
-
-    race: Callable[[], None] | None = None
-
-    def _check_unchanged(self, chunk: int, epoch: int) -> None:
-        if self.race is not None:
-            self.race()
-        super()._check_unchanged(chunk, epoch)
-
-
 def _republish(ranks: tuple[Stager, ...], block_ids: list[int]) -> None:
     for st in ranks:  # the collective stage_out of new blocks into chunk 0
         st.stage_out(block_ids, 0)
@@ -57,7 +47,7 @@ def test_stager_save_never_publishes_a_republished_slot(tmp_path) -> None:
     try:
         ids = _ids(3)
         other = Stager(rows[1], _kv(2), L, timeout_s=5)
-        w = _RacingStager(rows[0], _kv(), L, timeout_s=5)
+        w = RacingStager(rows[0], _kv(), L, timeout_s=5)
         assert w.stage_out(ids[0], 0) and not other.stage_out(ids[0], 0)
         w.race = functools.partial(_republish, (w, other), ids[1])  # the slot is reused mid-save
         with pytest.raises(StagingConflictError):

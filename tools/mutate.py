@@ -120,7 +120,7 @@ HAND = [
      "        if True:\n            return _read_exact(self.fd, dst, offset)", "the O_DIRECT branch never runs"),
 ]
 
-SIDE = "tests/test_side_paths.py"
+SIDE = "tests/test_races_and_faults.py"
 # The side paths (G-x.y of spec/GUARANTEES.md): (must, path, old, new, what, tests run).
 SIDE_HAND = [
     ("G-5.5", "kvformat/storage/_local.py", "            elif not file_id.same_file(at):",

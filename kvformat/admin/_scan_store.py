@@ -55,8 +55,6 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
     Objects removed since the listing are skipped; a transport failure (server down, timeout) raises
     its OSError (exit 2), since a partial pass must not read as "all good".
     """
-    accs: dict[str, NamespaceStats] = {}
-    bad: list[tuple[str, KVFormatError]] = []
     entries = []
     for e in store.list(prefix):
         if block_path_parts(e.relpath) is None:  # no load ever opens it
@@ -67,45 +65,15 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
         entries.append(e)  # checked even outside a namespace; only verify_url decides what may move
     if progress is not None:
         progress.add_total(len(entries), sum(e.size for e in entries))
-
-    def ok(e: StoreEntry, h: BlockHeader) -> None:
-        _acc(e).add_header(h)
-
-    def fail(e: StoreEntry, err: KVFormatError) -> None:
-        acc = _acc(e)
-        acc.corrupt += 1
-        acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
-        bad.append((e.relpath, err))
-
-    def _acc(e: StoreEntry) -> NamespaceStats:
-        ns = e.relpath.split("/", 1)[0]
-        acc = accs.get(ns) or accs.setdefault(ns, NamespaceStats(ns))
-        acc.files += 1
-        acc.bytes += e.size
-        acc.add_time(e.mtime)
-        return acc
-
-    def sort(e: StoreEntry, r: Any) -> bool:
-        """True when ``r`` is a header of a file in its place; records a bad file; raises a transport error."""
-        if isinstance(r, FileNotFoundError):
-            return False  # removed since the listing (gc, a tier quarantining it)
-        if isinstance(r, KVFormatError):
-            fail(e, r)
-            return False
-        if isinstance(r, BaseException):
-            raise r
-        if progress is not None and not verify:
-            progress.update(e.size)
-        return True
-
+    t = _Tally(verify, progress)
     for chunk in _chunks(entries, _BATCH):
         # sort() keeps only entries whose header read gave a BlockHeader
         good: list[tuple[Any, BlockHeader]] = [
             (e, h) for e, h in zip(chunk, _headers(store, [e.relpath for e in chunk]))
-            if sort(e, h) and isinstance(h, BlockHeader)]
+            if t.sort(e, h) and isinstance(h, BlockHeader)]
         if not verify:
             for e, h in good:
-                ok(e, h)
+                t.ok(e, h)
             continue
         while good:  # payload rounds bounded in bytes held at once
             take, held = 0, 0
@@ -115,10 +83,11 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
             part, good = good[:take], good[take:]
             res = _payloads(store, [(e.relpath, bytearray(h.raw_bytes), None) for e, h in part], keys)
             for (e, _), r in zip(part, res):
-                if sort(e, r) and isinstance(r, BlockHeader):
-                    ok(e, r)
+                if t.sort(e, r) and isinstance(r, BlockHeader):
+                    t.ok(e, r)
                 if progress is not None:
                     progress.update(e.size)
+    accs = t.accs
     if prefix:
         accs.setdefault(prefix, NamespaceStats(prefix))
     else:  # empty namespaces still show up
@@ -130,4 +99,43 @@ def scan_store(store: Store, prefix: str = "", *, verify: bool = False,
                 acc.layout = layout_from_namespace_doc(store.read_bytes(f"{acc.namespace}/{NAMESPACE_FILE}"))
             except (FileNotFoundError, ValueError):
                 pass
-    return [accs[k] for k in sorted(accs)], bad
+    return [accs[k] for k in sorted(accs)], t.bad
+
+
+class _Tally:
+    """The per-namespace stats and bad files of one :func:`scan_store` pass, fed one read result at a time."""
+
+    def __init__(self, verify: bool, progress: ProgressSink | None) -> None:
+        self.verify, self.progress = verify, progress
+        self.accs: dict[str, NamespaceStats] = {}
+        self.bad: list[tuple[str, KVFormatError]] = []
+
+    def ok(self, e: StoreEntry, h: BlockHeader) -> None:
+        self._acc(e).add_header(h)
+
+    def fail(self, e: StoreEntry, err: KVFormatError) -> None:
+        acc = self._acc(e)
+        acc.corrupt += 1
+        acc.bad.append({"path": e.relpath, "reason": err.reason, "message": err.message})
+        self.bad.append((e.relpath, err))
+
+    def _acc(self, e: StoreEntry) -> NamespaceStats:
+        ns = e.relpath.split("/", 1)[0]
+        acc = self.accs.get(ns) or self.accs.setdefault(ns, NamespaceStats(ns))
+        acc.files += 1
+        acc.bytes += e.size
+        acc.add_time(e.mtime)
+        return acc
+
+    def sort(self, e: StoreEntry, r: Any) -> bool:
+        """True when ``r`` is a header of a file in its place; records a bad file; raises a transport error."""
+        if isinstance(r, FileNotFoundError):
+            return False  # removed since the listing (gc, a tier quarantining it)
+        if isinstance(r, KVFormatError):
+            self.fail(e, r)
+            return False
+        if isinstance(r, BaseException):
+            raise r
+        if self.progress is not None and not self.verify:
+            self.progress.update(e.size)
+        return True

@@ -116,14 +116,15 @@ def _keyring(a: argparse.Namespace) -> Any:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ..admin._scan import find_store_root, namespace_dirs, not_a_root
-    from ..legacy._rows import is_legacy_root
+    from ..admin import classify_path
     from ..storage import split_root
     from ._inspect import (
         inspect_file,
         inspect_legacy,
+        inspect_legacy_file,
         inspect_root,
         render_file,
+        render_legacy_file,
         render_root,
     )
 
@@ -138,33 +139,21 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
             return EXIT_BAD if d["error"] else EXIT_OK
         _emit(d) if a.json else _out(render_root(d))
         return EXIT_BAD if d["totals"]["corrupt"] else EXIT_OK
-    if os.path.isfile(path):
-        from ._inspect import (
-            inspect_legacy_file,
-            legacy_file_namespace,
-            render_legacy_file,
-        )
-
-        hit = legacy_file_namespace(path) if path.endswith(".bin") else None
-        if hit is not None:
-            d = inspect_legacy_file(*hit, verify=a.verify is not False, page_bytes=a.page_bytes)
-            _emit(d) if a.json else _out(render_legacy_file(d))
-            if d["error"] and d["row"] is None:
-                return EXIT_USAGE  # no layout: nothing could be checked
-            return EXIT_BAD if d["error"] else EXIT_OK
+    t = classify_path(path, "inspect")
+    if t.kind == "legacy_file":
+        assert t.legacy_hit is not None
+        d = inspect_legacy_file(*t.legacy_hit, verify=a.verify is not False, page_bytes=a.page_bytes)
+        _emit(d) if a.json else _out(render_legacy_file(d))
+        if d["error"] and d["row"] is None:
+            return EXIT_USAGE  # no layout: nothing could be checked
+        return EXIT_BAD if d["error"] else EXIT_OK
+    if t.kind == "file":
         d = inspect_file(path, verify=a.verify is not False, keys=keys)
         _emit(d) if a.json else _out(render_file(d))
         return EXIT_BAD if d["error"] else EXIT_OK
-    if not os.path.isdir(path):
-        raise UsageError(f"{path}: no such file or directory")
-    legacy = is_legacy_root(path)
-    if not legacy:
-        root, prefix = find_store_root(path)
-        if not prefix and not namespace_dirs(root):  # the same test as verify's and gc's: one definition of a root
-            raise UsageError(not_a_root(path, "inspect"))
     verify = bool(a.verify)
     with _Scanning(a, "inspect", enabled=verify) as tick:
-        if legacy:
+        if t.legacy:
             d = inspect_legacy(path, verify=verify, page_bytes=a.page_bytes, progress=tick)
         else:
             d = inspect_root(path, verify=verify, jobs=a.jobs, progress=tick, keys=keys)

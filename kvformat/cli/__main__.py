@@ -1,4 +1,4 @@
-"""``python -m kvformat._cli``: the same as the ``kvformat`` console script."""
+"""``python -m kvformat.cli``: the same as the ``kvformat`` console script."""
 
 import sys
 

@@ -1,6 +1,6 @@
 """The ``kvformat`` argument parser: subcommands, options, help texts, examples and exit codes.
 
-Parsing only; :mod:`kvformat._cli` dispatches and renders.
+Parsing only; :mod:`kvformat.cli` dispatches and renders.
 """
 
 from __future__ import annotations
@@ -88,7 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    for add in (_add_inspect, _add_verify, _add_compact, _add_gc, _add_demo):
+        add(sub)
+    return p
 
+
+def _add_inspect(sub: Any) -> None:
     s = _sub(sub, "inspect", "show a file, a kvformat root or a legacy vLLM fs-tier root",
              "Show one file (header, layout table, key, provenance, checksums) or a root (one row per namespace).",
              "  kvformat inspect /cache\n  kvformat inspect /cache --verify --json\n"
@@ -102,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-verify", dest="verify", action="store_false", help="read headers only, even for one file")
     _reading(s, 4, "threads checking payloads with --verify")
 
+
+def _add_verify(sub: Any) -> None:
     s = _sub(sub, "verify", "full checksum and placement pass over a file or a root",
              "Check every block file exactly as a load does: header, key and namespace against its path, "
              "checksums of header and payload. On a legacy vLLM root: sizes and worker replicas.",
@@ -115,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
           "(header and stored-data checksums), and a sealed file under a key not given counts as bad.")
     _reading(s, 2, "threads reading and hashing payloads")
 
+
+def _add_compact(sub: Any) -> None:
     s = _sub(sub, "compact", "convert a legacy vLLM fs-tier root into kvformat files",
              "Write each legacy block once, TP-independent, after checking its worker replicas agree. "
              "Idempotent and resumable: a re-run verifies existing outputs (payload included) and rewrites bad ones.",
@@ -151,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "payload) or encrypt (payload encrypted too). Needs --codec none")
     _keys(s, "With --seal, the first seals the outputs; all of them open existing outputs on a re-run.")
     s.add_argument("--fsync", action="store_true", help="fsync each output before counting it done")
+    _add_sglang_source(s)
+    s.add_argument("--mode", type=mode_arg, default=None, metavar="MODE",
+                   help="octal mode of the files written (e.g. 0640; directories created get x where r is set). "
+                        "Default: 0644 and 0755 filtered by the umask")
+    _common(s)
+
+
+def _add_sglang_source(s: argparse.ArgumentParser) -> None:
     sg = s.add_argument_group("SGLang's file backend (--from sglang: SRC is its file_storage_path; its files do not "
                              "say their layout, so the deployment's facts are given)")
     sg.add_argument("--from", dest="source", choices=("vllm", "sglang"), default="vllm",
@@ -170,11 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--key-scheme", choices=("engine", "token-chain"), default="engine",
                    help="the namespace to write: SGLang's own (default) or the one shared with vLLM")
     sg.add_argument("--rope", choices=("interleaved", "neox"), default=None, help="RoPE convention (token-chain)")
-    s.add_argument("--mode", type=mode_arg, default=None, metavar="MODE",
-                   help="octal mode of the files written (e.g. 0640; directories created get x where r is set). "
-                        "Default: 0644 and 0755 filtered by the umask")
-    _common(s)
 
+
+def _add_gc(sub: Any) -> None:
     s = _sub(sub, "gc", "evict least recently used files until a root is under a size; purge quarantine",
              "Evict block files, oldest mtime first, until the root holds at most SIZE; remove stale temp files. "
              "Works on a kvformat root only and deletes only block files inside its namespaces. "
@@ -191,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list what would be deleted, in the words a real run uses; delete nothing")
     _common(s)
 
+
+def _add_demo(sub: Any) -> None:
     s = _sub(sub, "demo", "the whole story on a small DeepSeek-shaped cache, in a temp directory",
              "Write a TP=8 legacy cache, inspect it, compact it, read it back at TP=2 and TP=1, catch a corrupt file.",
              "  kvformat demo\n  kvformat demo --dir /tmp/kvf-demo --layers 4 --blocks 4")
@@ -200,4 +217,3 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--blocks", type=int_arg(1, 4096, "a block count"), default=12, metavar="N",
                    help="blocks to write, 1..4096 (default 12)")
     _common(s, progress=False)
-    return p

@@ -22,10 +22,10 @@ import numpy as np
 
 from ..format._consts import round_up
 from ..format._paths import block_relpath, hash_relpath
-from ..format._spec import BlockKey
+from ..format._spec import BlockKey, CanonicalLayout
 from ..errors import ChecksumError, UsageError
 from ..legacy._rows import ROW_ALIGN, legacy_fields, write_legacy_row
-from ..storage import open_store
+from ..storage import Store, open_store
 from ..legacy._compact import compact
 from ._compact import summary_lines
 from ..admin._scan import find_store_root, scan_root
@@ -64,25 +64,7 @@ def run_demo(workdir: str | None = None, *, n_layers: int = 8, n_blocks: int = 1
 def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> int:
     t0 = time.monotonic()
     legacy, dst = os.path.join(base, "vllm-fs-cache"), os.path.join(base, "kvformat-cache")
-    names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
-    fields = legacy_fields(MODEL, tokens_per_hash=TOKENS_PER_BLOCK, blocks_per_file=1, dtype="bfloat16",
-                           kv_cache_groups=[{"tokens_per_block": TOKENS_PER_BLOCK, "layer_names": names}], tp=TP)
-    slot = n_layers * TOKENS_PER_BLOCK * WIDTH * 2
-    row_bytes = round_up(slot * TP, ROW_ALIGN)
-    rng = np.random.default_rng(0)
-    payloads: dict[str, bytes] = {}
-    _say(f"1. a legacy vLLM fs-tier cache written at TP={TP}")
-    print(f"{MODEL}: {n_layers} MLA layers (of 61, to stay quick), {TOKENS_PER_BLOCK} tokens x {WIDTH} bf16 latent "
-          f"per block; {n_blocks} blocks")
-    for i in range(n_blocks):
-        h = hashlib.sha256(f"demo/{i}".encode()).hexdigest()
-        p = rng.standard_normal(slot // 2, dtype=np.float32).astype(np.float16).tobytes()  # bf16-sized values
-        payloads[h] = p
-        row = bytearray(row_bytes)
-        for r in range(TP):  # every TP rank holds the same MLA latent: vLLM stores all 8 copies
-            row[r * slot:(r + 1) * slot] = p
-        write_legacy_row(legacy, fields, h, row)
-    print(f"wrote {n_blocks} files of {human(row_bytes)} ({TP} worker slots of {human(slot)} each) under {legacy}")
+    payloads, slot = _write_legacy(legacy, n_layers, n_blocks)
 
     _say("2. kvformat inspect <legacy root>")
     print(render_root(inspect_legacy(legacy)))
@@ -104,6 +86,54 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
 
     _say("5. read back into TP=2 and TP=1 primary rows (KVFormatTier's load path)")
     layout = store.read_header(rel0).layout
+    read_back = _read_back(store, layout, payloads, slot)
+    ok &= all(equal == len(payloads) for equal in read_back.values())
+
+    _say("6. bytes saved")
+    saved = rep.bytes_before - rep.bytes_after
+    print(f"legacy {human(rep.bytes_before)} -> kvformat {human(rep.bytes_after)}: saved {human(saved)} "
+          f"({rep.bytes_before / max(rep.bytes_after, 1):.1f}x smaller), and the files now load at any TP size")
+
+    _say("7. a corrupted file is caught")
+    caught, n_bad = _corrupt_and_catch(store, dst, rel0, layout, slot)
+    ok &= caught and n_bad == 1
+    root, _ = find_store_root(dst)
+    tp_ok = {tp: n for tp, n in read_back.items()}
+    summary.update({"ok": bool(ok), "converted": rep.converted, "bytes_before": rep.bytes_before,
+                    "bytes_after": rep.bytes_after, "read_back_identical": {str(k): v for k, v in tp_ok.items()},
+                    "corruption_caught": n_bad == 1, "elapsed_s": round(time.monotonic() - t0, 3)})
+    kept = summary["dir"] is not None  # a scratch directory is removed on return: never name it as if it stayed
+    where = f"files under {root}" if kept else "scratch files removed; --dir DIR keeps them"
+    print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.1f} s ({where})")
+    return 0 if ok else 1
+
+
+def _write_legacy(legacy: str, n_layers: int, n_blocks: int) -> tuple[dict[str, bytes], int]:
+    """Step 1: the legacy tree; returns the payload of each block hash and the bytes of one worker slot."""
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
+    fields = legacy_fields(MODEL, tokens_per_hash=TOKENS_PER_BLOCK, blocks_per_file=1, dtype="bfloat16",
+                           kv_cache_groups=[{"tokens_per_block": TOKENS_PER_BLOCK, "layer_names": names}], tp=TP)
+    slot = n_layers * TOKENS_PER_BLOCK * WIDTH * 2
+    row_bytes = round_up(slot * TP, ROW_ALIGN)
+    rng = np.random.default_rng(0)
+    payloads: dict[str, bytes] = {}
+    _say(f"1. a legacy vLLM fs-tier cache written at TP={TP}")
+    print(f"{MODEL}: {n_layers} MLA layers (of 61, to stay quick), {TOKENS_PER_BLOCK} tokens x {WIDTH} bf16 latent "
+          f"per block; {n_blocks} blocks")
+    for i in range(n_blocks):
+        h = hashlib.sha256(f"demo/{i}".encode()).hexdigest()
+        p = rng.standard_normal(slot // 2, dtype=np.float32).astype(np.float16).tobytes()  # bf16-sized values
+        payloads[h] = p
+        row = bytearray(row_bytes)
+        for r in range(TP):  # every TP rank holds the same MLA latent: vLLM stores all 8 copies
+            row[r * slot:(r + 1) * slot] = p
+        write_legacy_row(legacy, fields, h, row)
+    print(f"wrote {n_blocks} files of {human(row_bytes)} ({TP} worker slots of {human(slot)} each) under {legacy}")
+    return payloads, slot
+
+
+def _read_back(store: Store, layout: CanonicalLayout, payloads: dict[str, bytes], slot: int) -> dict[int, int]:
+    """Step 5: blocks byte-identical to what was stored, per TP size read back into."""
     read_back: dict[int, int] = {}
     for tp in (2, 1):
         rb = memoryview(bytearray(round_up(slot * tp, ROW_ALIGN)))
@@ -115,14 +145,12 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
             equal += all(rb[r * slot:(r + 1) * slot] == p for r in range(tp))
         print(f"TP={tp}: {equal}/{len(payloads)} blocks byte-identical to what TP={TP} stored")
         read_back[tp] = equal
-        ok &= equal == len(payloads)
+    return read_back
 
-    _say("6. bytes saved")
-    saved = rep.bytes_before - rep.bytes_after
-    print(f"legacy {human(rep.bytes_before)} -> kvformat {human(rep.bytes_after)}: saved {human(saved)} "
-          f"({rep.bytes_before / max(rep.bytes_after, 1):.1f}x smaller), and the files now load at any TP size")
 
-    _say("7. a corrupted file is caught")
+def _corrupt_and_catch(store: Store, dst: str, rel0: str, layout: CanonicalLayout, slot: int) -> tuple[bool, int]:
+    """Step 7: flip a bit of ``rel0``; (whether the read refused it and zeroed its row, bad files verify found)."""
+    ok = True
     path = os.path.join(dst, rel0)
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) - 1000)
@@ -139,16 +167,7 @@ def _run(base: str, n_layers: int, n_blocks: int, summary: dict[str, Any]) -> in
         print(f"destination zeroed, not left holding wrong bytes: {not any(buf)}")
         ok &= not any(buf)
     bad = scan_root(dst, verify=True).bad
-    root, _ = find_store_root(dst)
     for rel, err in bad:
         q = store.quarantine_read(rel, err).relpath
         print(f"kvformat verify --quarantine: {rel} -> {q} (exit code 1)")
-    ok &= len(bad) == 1
-    tp_ok = {tp: n for tp, n in read_back.items()}
-    summary.update({"ok": bool(ok), "converted": rep.converted, "bytes_before": rep.bytes_before,
-                    "bytes_after": rep.bytes_after, "read_back_identical": {str(k): v for k, v in tp_ok.items()},
-                    "corruption_caught": len(bad) == 1, "elapsed_s": round(time.monotonic() - t0, 3)})
-    kept = summary["dir"] is not None  # a scratch directory is removed on return: never name it as if it stayed
-    where = f"files under {root}" if kept else "scratch files removed; --dir DIR keeps them"
-    print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.1f} s ({where})")
-    return 0 if ok else 1
+    return ok, len(bad)

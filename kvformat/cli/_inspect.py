@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from typing import Any, Callable
 
@@ -278,28 +277,6 @@ def render_root(d: dict[str, Any]) -> str:
 
 
 # -- one legacy file -------------------------------------------------------------------------------------
-def legacy_file_namespace(path: str) -> tuple[Any, LegacyFile] | None:
-    """(namespace, file) when ``path`` is a block file of vLLM's fs tier.
-
-    That is ``<root>/<base>_r<n>/<hhh>/<hh>_g<g>/<hash>.bin``.
-    """
-    p = os.path.abspath(path)
-    parts = p.split(os.sep)
-    if len(parts) < 5 or not p.endswith(".bin"):
-        return None
-    root = os.sep.join(parts[:-4]) or os.sep
-    m = re.match(r"^([0-9a-f]{2})_g([0-9]+)$", parts[-2])
-    h = parts[-1][:-4]
-    if not m or h[:3] != parts[-3] or h[3:5] != m.group(1):
-        return None
-    for ns in find_namespaces(root):
-        for rank, rdir in ns.rank_dirs:
-            if os.path.basename(rdir) == parts[-4]:
-                st = os.stat(p)
-                return ns, LegacyFile(p, rank, int(m.group(2)), h, st.st_size, st.st_mtime)
-    return None
-
-
 def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
                         page_bytes: int | None = None) -> dict[str, Any]:
     """Row layout of one legacy file, its replica status and the kvformat file it compacts to."""

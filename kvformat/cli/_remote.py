@@ -23,11 +23,6 @@ _BATCH = 256
 _VERIFY_BATCH_BYTES = 256 << 20
 
 
-def is_url(path: str) -> bool:
-    """A remote root or object (``file://`` is handled as a local path)."""
-    return bool(split_root(path)[0])
-
-
 def _parent(url: str) -> tuple[str, str] | None:
     """(parent URL, last component) when the URL has a path below its bucket/host."""
     scheme, rest = split_root(url)

@@ -134,7 +134,7 @@ def layers_arg(text: str) -> tuple[int, ...]:
 
 
 def size_arg(text: str) -> int:
-    """An argparse type: kvformat's one size syntax (kvformat._sizes)."""
+    """An argparse type: kvformat's one size syntax (kvformat.format._sizes)."""
     try:
         return parse_size(text, "size")
     except UsageError as e:

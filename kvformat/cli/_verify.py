@@ -10,18 +10,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..format._paths import block_path_parts
 from ..format._seal import Keyring
 from ..errors import KVFormatError, UnknownKeyError
-from ..legacy._rows import is_legacy_root
 from ..storage import LocalStore, split_root
-from ..admin._scan import (
-    ProgressSink, check_block_file, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root,
-)
-from ._inspect import NOT_OUR_KEY, inspect_legacy, inspect_legacy_file, legacy_file_namespace
-from ._util import UsageError, note_quarantine
-
-_NO_QUARANTINE_LEGACY = "--quarantine applies to kvformat roots; legacy files have no checksum to quarantine by"
+from ..admin import PathTarget, classify_path
+from ..admin._scan import ProgressSink, check_block_file, os_error_text, scan_root
+from ._inspect import NOT_OUR_KEY, inspect_legacy, inspect_legacy_file
+from ._util import note_quarantine
 
 
 def _report(path: str) -> dict[str, Any]:
@@ -42,95 +37,109 @@ def verify_path(path: str, *, quarantine: bool = False, jobs: int = 2, page_byte
         rep = verify_url(path, quarantine=quarantine, progress=progress, keys=keys)
         return _finish(rep)
     rep = _report(path)
+    t = classify_path(path, "verify", quarantine=quarantine)
     targets: list[tuple[str, str, KVFormatError]] = []  # (store root, relpath, error) of files that may be quarantined
-    if os.path.isfile(path):
-        hit = legacy_file_namespace(path) if path.endswith(".bin") else None
-        if hit is not None:
-            if quarantine:
-                raise UsageError(_NO_QUARANTINE_LEGACY)
-            try:
-                d = inspect_legacy_file(*hit, verify=True, page_bytes=page_bytes)
-            except OSError as e:
-                rep["unreadable"].append({"path": path, "error": os_error_text(e)})
-                return _finish(rep)
-            rep["checked"] = 1
-            if d["error"]:
-                if d["row"] is None:  # no layout: nothing was checked
-                    rep["errors"].append({"path": path, "message": d["error"]["message"]})
-                else:
-                    rep["bad"].append({"path": path, "reason": d["error"]["reason"],
-                                       "message": d["error"]["message"]})
+    if t.kind == "legacy_file":
+        return _finish(_verify_legacy_file(rep, t, page_bytes))
+    if t.kind == "file":
+        if not _verify_file(rep, t, quarantine, keys, targets):
             return _finish(rep)
-        root, rel = find_store_root(path)
-        in_ns = block_path_parts(rel) is not None and rel.split("/", 1)[0] in namespace_dirs(root)
-        rep["checked"] = 1
-        err: KVFormatError | None = None
-        try:
-            check_block_file(path, rel if in_ns else None, verify=True, keys=keys)
-        except KVFormatError as e:
-            err = e
-        except OSError as e:
-            rep["unreadable"].append({"path": path, "error": os_error_text(e)})
-            return _finish(rep)
-        if err is not None:
-            rep["bad"].append({"path": path, "reason": err.reason, "message": err.message})
-            if in_ns and isinstance(err, UnknownKeyError):
-                if quarantine:
-                    rep["ignored"].append({"path": path, "why": NOT_OUR_KEY})
-            elif in_ns:
-                targets.append((root, rel, err))
-        if not in_ns:
-            rep["ignored"].append({"path": path, "why": "not a block file inside a kvformat namespace: placement "
-                                   "not checked, never quarantined"})
-    elif os.path.isdir(path):
-        root, prefix = find_store_root(path)
-        if "/" in prefix:
-            raise UsageError(f"{path}: a directory inside a namespace; give the root, the namespace or a file")
-        legacy = not prefix and is_legacy_root(path)
-        kv = bool(prefix) or bool(namespace_dirs(root))
-        if not legacy and not kv:
-            raise UsageError(not_a_root(path, "verify"))
-        if legacy and quarantine and not kv:
-            raise UsageError(_NO_QUARANTINE_LEGACY)
-        if kv:
-            res = scan_root(root, prefix, verify=True, jobs=jobs, progress=progress, keys=keys)
-            rep["checked"] += sum(x.files for x in res.accs)
-            rep["ignored"] += [{"path": i.path, "why": i.why} for i in res.ignored]
-            for rel, err in res.bad:
-                rep["bad"].append({"path": os.path.join(root, rel), "reason": err.reason, "message": err.message})
-                if isinstance(err, UnknownKeyError):
-                    if quarantine:
-                        rep["ignored"].append({"path": os.path.join(root, rel), "why": NOT_OUR_KEY})
-                elif rel.split("/", 1)[0] in res.namespaces:
-                    targets.append((root, rel, err))
-                elif quarantine:
-                    rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "
-                                           "(no regular namespace.json): never quarantined"})
-            rep["unreadable"] += [{"path": os.path.join(root, r), "error": os_error_text(e)} for r, e in res.unreadable]
-        if legacy:
-            d = inspect_legacy(path, verify=True, page_bytes=page_bytes, progress=progress)
-            rep["checked"] += d["totals"]["files"]
-            rep["ignored"] += d["ignored"]
-            rep["errors"] += d["errors"]
-            rep["unreadable"] += d["unreadable"]
-            for n in d["namespaces"]:
-                rep["bad"] += n["bad_files"]
-                if n["legacy"]["error"]:
-                    rep["errors"].append({"path": os.path.join(path, n["namespace"]), "message": n["legacy"]["error"]})
-            if quarantine and any(n["bad_files"] for n in d["namespaces"]):
-                rep["ignored"].append({"path": path, "why": "legacy files are never quarantined (no checksum to "
-                                       "quarantine by)"})
     else:
-        raise UsageError(f"{path}: no such file or directory")
+        if t.kvformat:
+            _verify_kvformat(rep, t, quarantine, jobs, progress, keys, targets)
+        if t.legacy:
+            _verify_legacy_tree(rep, path, quarantine, page_bytes, progress)
     if quarantine:
-        for root, rel, bad in targets:
-            try:
-                q = LocalStore(root).quarantine_read(rel, bad)  # only the file that was read (G-5.5)
-            except OSError as e:  # a read-only tree: keep the report, say what was not moved
-                rep["quarantine_failed"].append({"path": os.path.join(root, rel), "error": os_error_text(e)})
-                continue
-            note_quarantine(rep, os.path.join(root, rel), q, root, os.sep)
+        _quarantine(rep, targets)
     return _finish(rep)
+
+
+def _verify_legacy_file(rep: dict[str, Any], t: PathTarget, page_bytes: int | None) -> dict[str, Any]:
+    assert t.legacy_hit is not None
+    try:
+        d = inspect_legacy_file(*t.legacy_hit, verify=True, page_bytes=page_bytes)
+    except OSError as e:
+        rep["unreadable"].append({"path": t.path, "error": os_error_text(e)})
+        return rep
+    rep["checked"] = 1
+    if d["error"]:
+        if d["row"] is None:  # no layout: nothing was checked
+            rep["errors"].append({"path": t.path, "message": d["error"]["message"]})
+        else:
+            rep["bad"].append({"path": t.path, "reason": d["error"]["reason"], "message": d["error"]["message"]})
+    return rep
+
+
+def _verify_file(rep: dict[str, Any], t: PathTarget, quarantine: bool, keys: Keyring | None,
+                 targets: list[tuple[str, str, KVFormatError]]) -> bool:
+    """Check one file into ``rep``; False when it could not be read (the report is then final)."""
+    path, in_ns = t.path, t.in_namespace
+    rep["checked"] = 1
+    err: KVFormatError | None = None
+    try:
+        check_block_file(path, t.rel if in_ns else None, verify=True, keys=keys)
+    except KVFormatError as e:
+        err = e
+    except OSError as e:
+        rep["unreadable"].append({"path": path, "error": os_error_text(e)})
+        return False
+    if err is not None:
+        rep["bad"].append({"path": path, "reason": err.reason, "message": err.message})
+        if in_ns and isinstance(err, UnknownKeyError):
+            if quarantine:
+                rep["ignored"].append({"path": path, "why": NOT_OUR_KEY})
+        elif in_ns:
+            targets.append((t.root, t.rel, err))
+    if not in_ns:
+        rep["ignored"].append({"path": path, "why": "not a block file inside a kvformat namespace: placement "
+                               "not checked, never quarantined"})
+    return True
+
+
+def _verify_kvformat(rep: dict[str, Any], t: PathTarget, quarantine: bool, jobs: int,
+                     progress: ProgressSink | None, keys: Keyring | None,
+                     targets: list[tuple[str, str, KVFormatError]]) -> None:
+    root = t.root
+    res = scan_root(root, t.rel, verify=True, jobs=jobs, progress=progress, keys=keys)
+    rep["checked"] += sum(x.files for x in res.accs)
+    rep["ignored"] += [{"path": i.path, "why": i.why} for i in res.ignored]
+    for rel, err in res.bad:
+        rep["bad"].append({"path": os.path.join(root, rel), "reason": err.reason, "message": err.message})
+        if isinstance(err, UnknownKeyError):
+            if quarantine:
+                rep["ignored"].append({"path": os.path.join(root, rel), "why": NOT_OUR_KEY})
+        elif rel.split("/", 1)[0] in res.namespaces:
+            targets.append((root, rel, err))
+        elif quarantine:
+            rep["ignored"].append({"path": os.path.join(root, rel), "why": "not inside a kvformat namespace "
+                                   "(no regular namespace.json): never quarantined"})
+    rep["unreadable"] += [{"path": os.path.join(root, r), "error": os_error_text(e)} for r, e in res.unreadable]
+
+
+def _verify_legacy_tree(rep: dict[str, Any], path: str, quarantine: bool, page_bytes: int | None,
+                        progress: ProgressSink | None) -> None:
+    d = inspect_legacy(path, verify=True, page_bytes=page_bytes, progress=progress)
+    rep["checked"] += d["totals"]["files"]
+    rep["ignored"] += d["ignored"]
+    rep["errors"] += d["errors"]
+    rep["unreadable"] += d["unreadable"]
+    for n in d["namespaces"]:
+        rep["bad"] += n["bad_files"]
+        if n["legacy"]["error"]:
+            rep["errors"].append({"path": os.path.join(path, n["namespace"]), "message": n["legacy"]["error"]})
+    if quarantine and any(n["bad_files"] for n in d["namespaces"]):
+        rep["ignored"].append({"path": path, "why": "legacy files are never quarantined (no checksum to "
+                               "quarantine by)"})
+
+
+def _quarantine(rep: dict[str, Any], targets: list[tuple[str, str, KVFormatError]]) -> None:
+    for root, rel, bad in targets:
+        try:
+            q = LocalStore(root).quarantine_read(rel, bad)  # only the file that was read (G-5.5)
+        except OSError as e:  # a read-only tree: keep the report, say what was not moved
+            rep["quarantine_failed"].append({"path": os.path.join(root, rel), "error": os_error_text(e)})
+            continue
+        note_quarantine(rep, os.path.join(root, rel), q, root, os.sep)
 
 
 def _finish(rep: dict[str, Any]) -> dict[str, Any]:

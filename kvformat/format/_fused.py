@@ -1,4 +1,4 @@
-"""The fused tier paths (kvformat._native): one read / one write per file, the payload hashed in the
+"""The fused tier paths (kvformat.format._native): one read / one write per file, the payload hashed in the
 same pass. With the C extension each payload piece is hashed while it is still in cache (no second trip
 through DRAM) and the GIL is released for the whole read or write; without it the same syscalls run from
 Python (one preadv / one pwritev) and python-xxhash hashes the payload. The tier calls these two.
@@ -108,27 +108,12 @@ def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey 
                 head = bytearray(guess)
                 hgot, dgot, digest = _native.pread_hash(fd, head, body, 0, hash=verify)
         body = dst[:raw]
-        # Sealed headers differ per file (nonce, tag): never templates (the tier passes none for them).
-        usable = templates is not None and key is not None and expect is templates.layout
-        hdr = templates.match(memoryview(head)[:hgot], size, key, verify) if usable else None  # type: ignore[union-attr,arg-type]
-        learn = usable and hdr is None
+        hdr = _checked_header(head, hgot, dgot, digest, size, guess, raw, body, expect, key, verify, keys,
+                              templates)
         if hdr is None:
-            hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
-            check_expected(hdr, expect, key)
-        if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
             invalidate(body)
             touched = False
             return _general_read(p, out, expect, key, verify, o_direct, keys)
-        if dgot != hdr.data_bytes:  # the file shrank under us
-            raise TruncatedError("data", hdr.data_bytes, dgot)
-        if verify:
-            actual = f"{digest:016x}"
-            if actual != hdr.data_xxh3:
-                raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
-        if hdr.seal is not None:  # after F-5.2: a damaged file is a checksum failure, a forged one fails here
-            unseal_into(hdr, memoryview(head)[:hdr.data_offset], body, keys)  # F-12.5, F-12.6
-        elif learn:
-            templates.learn(bytes(memoryview(head)[:hgot]), hdr)  # type: ignore[union-attr]
         return hdr
     except KVFormatError as e:
         if touched:
@@ -145,6 +130,33 @@ def _read_fused(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey 
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _checked_header(head: Any, hgot: int, dgot: int, digest: int | None, size: int, guess: int, raw: int, body: Any,
+                    expect: CanonicalLayout | None, key: BlockKey | None, verify: bool, keys: Keyring | None,
+                    templates: HeaderTemplates | None) -> BlockHeader | None:
+    """The header read with the payload ``body``, checked (and unsealed into ``body``); None when the file does
+    not fit the fused read (a codec, another header size, another payload size): read it the general way."""
+    # Sealed headers differ per file (nonce, tag): never templates (the tier passes none for them).
+    usable = templates is not None and key is not None and expect is templates.layout
+    hdr = templates.match(memoryview(head)[:hgot], size, key, verify) if usable else None  # type: ignore[union-attr,arg-type]
+    learn = usable and hdr is None
+    if hdr is None:
+        hdr = decode_header(memoryview(head)[:hgot], file_bytes=size, verify=verify)
+        check_expected(hdr, expect, key)
+    if hdr.codec != "none" or hdr.data_offset != guess or hdr.raw_bytes != raw:
+        return None
+    if dgot != hdr.data_bytes:  # the file shrank under us
+        raise TruncatedError("data", hdr.data_bytes, dgot)
+    if verify:
+        actual = f"{digest:016x}"
+        if actual != hdr.data_xxh3:
+            raise ChecksumError("data", hdr.data_xxh3, actual)  # F-5.2
+    if hdr.seal is not None:  # after F-5.2: a damaged file is a checksum failure, a forged one fails here
+        unseal_into(hdr, memoryview(head)[:hdr.data_offset], body, keys)  # F-12.5, F-12.6
+    elif learn:
+        templates.learn(bytes(memoryview(head)[:hgot]), hdr)  # type: ignore[union-attr]
+    return hdr
 
 
 def _general_read(p: str, out: Any, expect: CanonicalLayout | None, key: BlockKey | None, verify: bool,

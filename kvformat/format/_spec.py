@@ -325,13 +325,6 @@ class BlockKey:
     def to_str(self) -> str:
         return f"{self.hash}:{self.group}"
 
-    @classmethod
-    def from_str(cls, s: str) -> "BlockKey":
-        h, sep, g = s.rpartition(":")
-        if not sep:
-            raise SchemaError("kvf.key", f"expected '<hex>:<group>', got {s[:80]!r}")
-        return cls(parse_hex("kvf.key", h), parse_uint("kvf.key", g, maximum=1 << 16))
-
 
 @dataclass(frozen=True)
 class Provenance:

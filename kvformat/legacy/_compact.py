@@ -30,7 +30,7 @@ from ._rows import (
     Ignored, LegacyFile, LegacyNamespace, RowLayout, find_namespaces, infer_row, iter_legacy_files,
     key_for, provenance_for,
 )
-from ..storage import open_store, split_root
+from ..storage import Store, open_store, split_root
 
 __all__ = ["WRITER", "CompactProgress", "CompactReport", "FileResult", "check_destination", "compact", "dir_mode",
            "output_header_bytes"]
@@ -182,94 +182,127 @@ def compact(src: str, dst: str, *, jobs: int = 1, dry_run: bool = False, delete_
     if seal is not None and (keys is None or codec != "none"):
         raise UsageError("--seal needs --key (the key the outputs are sealed under) and --codec none "
                          "(sealed files are not compressed)")
-    if mode is None or dry_run:
-        return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
-                        codec=codec, level=level, fsync=fsync, mode=None, progress=progress or _Silent(),
-                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform},
-                        seal=seal, keys=keys)
+    opts = _Options(jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes, codec=codec,
+                    level=level, fsync=fsync, mode=None if mode is None or dry_run else mode,
+                    hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform},
+                    seal=seal, keys=keys)
+    if opts.mode is None:
+        return _compact(src, dst, opts, progress or _Silent())
     # A umask no wider than the mode while writing: a file or directory is never created more open than
     # asked, not even between its creation and the chmod. The CLI is its own process; restored after.
-    old = os.umask(0o777 & ~dir_mode(mode))
+    old = os.umask(0o777 & ~dir_mode(opts.mode))
     try:
-        return _compact(src, dst, jobs=jobs, dry_run=dry_run, delete_source=delete_source, page_bytes=page_bytes,
-                        codec=codec, level=level, fsync=fsync, mode=mode, progress=progress or _Silent(),
-                        hints={"pp_layers": pp_layers, "cp_interleave": cp_interleave, "platform": platform},
-                        seal=seal, keys=keys)
+        return _compact(src, dst, opts, progress or _Silent())
     finally:
         os.umask(old)
 
 
-def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: bool, page_bytes: int | None,
-             codec: str, level: int, fsync: bool, mode: int | None, progress: CompactProgress,
-             hints: dict[str, Any] | None = None, seal: str | None = None,
-             keys: Keyring | None = None) -> CompactReport:
+@dataclass(frozen=True)
+class _Options:
+    """What :func:`compact` was asked to do, handed to its steps as one value."""
+
+    jobs: int
+    dry_run: bool
+    delete_source: bool
+    page_bytes: int | None
+    codec: str
+    level: int
+    fsync: bool
+    mode: int | None
+    hints: dict[str, Any]
+    seal: str | None
+    keys: Keyring | None
+
+
+def _compact(src: str, dst: str, opts: _Options, progress: CompactProgress) -> CompactReport:
     t0 = time.monotonic()
     skipped: list[Ignored] = []
     cfg_errors: list[LegacyLayoutError] = []
     namespaces = find_namespaces(src, ignored=skipped, errors=cfg_errors)
     if not namespaces and not cfg_errors:
         raise LegacyLayoutError(f"{src} is not a vLLM fs-tier root: no <model>_<digest>/config.json under it")
-    rep = CompactReport(src=src, dst=dst, dry_run=dry_run, jobs=jobs)
+    rep = CompactReport(src=src, dst=dst, dry_run=opts.dry_run, jobs=opts.jobs)
     rep.ignored.extend(skipped)
     rep.layout_errors.extend(str(e) for e in cfg_errors)  # reported, exit 2; the other namespaces still convert
     tasks: list[Task] = []
     for ns in namespaces:
-        files = list(iter_legacy_files(ns, rep.ignored, src))
-        by_group: dict[int, list[LegacyFile]] = {}
-        for f in files:
-            by_group.setdefault(f.group, []).append(f)
-        for group, gfiles in sorted(by_group.items()):
-            size = Counter(f.size for f in gfiles).most_common(1)[0][0]
-            try:
-                row = infer_row(ns, group, size, page_bytes=page_bytes, **(hints or {}))
-            except LegacyLayoutError as e:
-                e.with_path(os.path.join(ns.root, ns.base))
-                rep.layout_errors.append(str(e))
-                for f in gfiles:
-                    rep.ignored.append(Ignored(f.path, f"row layout unknown: {e.message}"))
-                continue
-            if seal is not None:  # spec §12: the seal level is part of the output namespace
-                row = dataclasses.replace(row, layout=row.layout.with_seal(seal))
-            hdr_bytes = output_header_bytes(row, gfiles[0])
-            n_ok = 0
-            for f in gfiles:
-                if f.size != row.row_bytes:
-                    rep.ignored.append(Ignored(f.path, f"size {f.size} fits no row layout of this namespace "
-                                               f"(rows are {row.row_bytes} bytes)"))
-                    continue
-                tasks.append(Task(f, row, block_relpath(row.layout, key_for(f)), hdr_bytes + row.layout.payload_bytes))
-                n_ok += 1
-            rep.namespaces.append({
-                "legacy": ns.base, "group": group, "namespace": row.layout.namespace(), "model": ns.model,
-                "row": row.kind, "slots": row.copies, "page_bytes": row.page_bytes, "row_bytes": row.row_bytes,
-                "padding": row.padding, "files": n_ok,
-            })
-    store = None if dry_run else open_store(dst)
-    if store is not None:
-        store.cleanup_temp(older_than_s=3600.0, dead_writers=True)
-        seen = set()
-        for t in tasks:
-            if t.row.layout.namespace() not in seen:
-                seen.add(t.row.layout.namespace())
-                ns_name = store.ensure_namespace(t.row.layout)
-                if mode is not None and (ns_path := store.local_path(f"{ns_name}/{NAMESPACE_FILE}")) is not None:
-                    os.chmod(ns_path, mode)
-    if dry_run:
-        dst_store = open_store(dst) if os.path.isdir(dst) or split_root(dst) != ("", dst) else None  # any URL
-        for t in tasks:
-            if dst_store is not None and dst_store.exists(t.rel):
-                rep.skipped += 1
-                continue
-            rep.would_write.append(FileResult("would_write", t.file.path, t.rel, t.file.size, t.after))
-            rep.bytes_before += t.file.size
-            rep.bytes_after += t.after
-        rep.elapsed_s = time.monotonic() - t0
-        return rep
+        tasks += _plan_namespace(ns, src, rep, opts)
+    if opts.dry_run:
+        _dry_run(dst, tasks, rep)
+    else:
+        _convert_all(_open_destination(dst, tasks, opts.mode), src, tasks, rep, opts, progress)
+        if opts.delete_source:
+            for ns in namespaces:
+                _prune_empty_dirs(ns)
+    rep.elapsed_s = time.monotonic() - t0
+    return rep
 
-    assert store is not None
-    worker = Converter(store, codec=codec, level=level, delete_source=delete_source, fsync=fsync, mode=mode,
-                       keys=keys, src_root=src if os.path.isdir(src) else None)
-    bar = progress
+
+def _plan_namespace(ns: LegacyNamespace, src: str, rep: CompactReport, opts: _Options) -> list[Task]:
+    """The tasks of one legacy namespace, group by group; what cannot be converted goes into ``rep``."""
+    tasks: list[Task] = []
+    files = list(iter_legacy_files(ns, rep.ignored, src))
+    by_group: dict[int, list[LegacyFile]] = {}
+    for f in files:
+        by_group.setdefault(f.group, []).append(f)
+    for group, gfiles in sorted(by_group.items()):
+        size = Counter(f.size for f in gfiles).most_common(1)[0][0]
+        try:
+            row = infer_row(ns, group, size, page_bytes=opts.page_bytes, **opts.hints)
+        except LegacyLayoutError as e:
+            e.with_path(os.path.join(ns.root, ns.base))
+            rep.layout_errors.append(str(e))
+            for f in gfiles:
+                rep.ignored.append(Ignored(f.path, f"row layout unknown: {e.message}"))
+            continue
+        if opts.seal is not None:  # spec §12: the seal level is part of the output namespace
+            row = dataclasses.replace(row, layout=row.layout.with_seal(opts.seal))
+        hdr_bytes = output_header_bytes(row, gfiles[0])
+        n_ok = 0
+        for f in gfiles:
+            if f.size != row.row_bytes:
+                rep.ignored.append(Ignored(f.path, f"size {f.size} fits no row layout of this namespace "
+                                           f"(rows are {row.row_bytes} bytes)"))
+                continue
+            tasks.append(Task(f, row, block_relpath(row.layout, key_for(f)), hdr_bytes + row.layout.payload_bytes))
+            n_ok += 1
+        rep.namespaces.append({
+            "legacy": ns.base, "group": group, "namespace": row.layout.namespace(), "model": ns.model,
+            "row": row.kind, "slots": row.copies, "page_bytes": row.page_bytes, "row_bytes": row.row_bytes,
+            "padding": row.padding, "files": n_ok,
+        })
+    return tasks
+
+
+def _open_destination(dst: str, tasks: list[Task], mode: int | None) -> Store:
+    """The destination store, stale temp files removed and every output namespace's namespace.json written."""
+    store = open_store(dst)
+    store.cleanup_temp(older_than_s=3600.0, dead_writers=True)
+    seen = set()
+    for t in tasks:
+        if t.row.layout.namespace() not in seen:
+            seen.add(t.row.layout.namespace())
+            ns_name = store.ensure_namespace(t.row.layout)
+            if mode is not None and (ns_path := store.local_path(f"{ns_name}/{NAMESPACE_FILE}")) is not None:
+                os.chmod(ns_path, mode)
+    return store
+
+
+def _dry_run(dst: str, tasks: list[Task], rep: CompactReport) -> None:
+    dst_store = open_store(dst) if os.path.isdir(dst) or split_root(dst) != ("", dst) else None  # any URL
+    for t in tasks:
+        if dst_store is not None and dst_store.exists(t.rel):
+            rep.skipped += 1
+            continue
+        rep.would_write.append(FileResult("would_write", t.file.path, t.rel, t.file.size, t.after))
+        rep.bytes_before += t.file.size
+        rep.bytes_after += t.after
+
+
+def _convert_all(store: Store, src: str, tasks: list[Task], rep: CompactReport, opts: _Options,
+                 bar: CompactProgress) -> None:
+    worker = Converter(store, codec=opts.codec, level=opts.level, delete_source=opts.delete_source,
+                       fsync=opts.fsync, mode=opts.mode, keys=opts.keys, src_root=src if os.path.isdir(src) else None)
     bar.add_total(len(tasks), sum(t.file.size for t in tasks))
     for ig in rep.ignored:
         bar.note(f"ignored {ig.path}: {ig.why}")  # raw: the sink escapes for its terminal
@@ -290,16 +323,11 @@ def _compact(src: str, dst: str, *, jobs: int, dry_run: bool, delete_source: boo
             rep.deleted_sources += int(r.deleted)
         bar.update(r.before)
 
-    if jobs <= 1:
+    if opts.jobs <= 1:
         for t in tasks:
             handle(worker.run(t))
     else:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kvf-compact") as ex:
+        with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="kvf-compact") as ex:
             for r in ex.map(worker.run, tasks):
                 handle(r)
     bar.close()
-    if delete_source:
-        for ns in namespaces:
-            _prune_empty_dirs(ns)
-    rep.elapsed_s = time.monotonic() - t0
-    return rep

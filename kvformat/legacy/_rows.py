@@ -17,14 +17,14 @@ which config.json does not record, are given by the caller and checked: :func:`i
 :class:`LegacyLayoutError`: prefill context parallel rows and vLLM's canonical rows (``canonical_format``:
 where the pages sit depends on the writer's worker count, which config.json does not record).
 
-This module reads only; it never imports vLLM. Naming and discovery of the trees: :mod:`kvformat._legacy_tree`.
+This module reads only; it never imports vLLM. Naming and discovery of the trees: :mod:`kvformat.legacy._tree`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from ..format._consts import round_up
@@ -117,6 +117,37 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if not names or tpb <= 0:
         raise LegacyLayoutError(f"group {group} has no layers or tokens_per_block", path=where)
     par = ns.parallel()
+    cp_interleave, sharded = _check_parallel(ns, par, tpb, pp_layers, cp_interleave, len(groups), where)
+    bpf = ns.blocks_per_file
+    kind = "replicated" if ns.replicated else "per_worker"
+    copies = 1 if kind != "per_worker" else par["tp"] * par["pp"] * par["pcp"]
+    if sharded and kind != "per_worker":
+        raise LegacyLayoutError("pipeline/decode-context parallel rows are per-worker rows in vLLM, but config.json "
+                                "says replicated_layout", path=where)
+    full_tpb, tpb = tpb, tpb // par["dcp"]  # a worker's block holds tokens_per_block / dcp tokens
+    cands = _candidates(file_size, bpf * copies, tpb, page_bytes, len(names))
+    facts = DeploymentFacts(model=ns.model, kv_dtype=ns.dtype, tokens_per_hash=ns.tokens_per_hash or tpb,
+                            blocks_per_chunk=bpf, worker_bytes_per_block=0,  # each candidate's: _fitting_plan
+                            groups=(GroupFacts(group, tpb, tuple(names)),), row=kind, copies=copies,
+                            kv_cache_layout=kv_cache_layout, source="legacy config.json + file size",
+                            platform=platform)
+    w, plan = _fitting_plan(ns, facts, group, cands, file_size, where)
+    if platform is None and any(platform_dependent(l.role, l.kv_dtype or ns.dtype) for l in plan.layout.layers):
+        raise LegacyLayoutError(
+            f"{ns.dtype} layers ({', '.join(sorted({l.role for l in plan.layout.layers}))}): the platform that wrote "
+            "them decides their bytes (FP8 flavour, the DSA indexer's order) and config.json does not record it; "
+            f"give the writer's platform ({', '.join(PLATFORMS)})", hint="--platform", path=where)
+    if sharded:
+        return _sharded_row(ns, group, file_size, w, plan, full_tpb, par, tuple(pp_layers or ()), cp_interleave,
+                            kv_cache_layout, where, platform)
+    return RowLayout(kind=kind, copies=copies, page_bytes=plan.layout.layers[0].page_bytes, slot_bytes=w * bpf,
+                     row_bytes=file_size, layout=plan.layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
+                     parallel=par)
+
+
+def _check_parallel(ns: LegacyNamespace, par: Mapping[str, int], tpb: int, pp_layers: Sequence[int] | None,
+                    cp_interleave: int | None, n_groups: int, where: str) -> tuple[int, bool]:
+    """The hints PP/DCP rows need and the rows no layer table can be proven for; (interleave, sharded)."""
     if par["pp"] > 1 and pp_layers is None:
         raise LegacyLayoutError(
             f"pipeline-parallel rows (pp_size={par['pp']}): each stage's slot holds only its own layers and "
@@ -139,43 +170,42 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
         raise LegacyLayoutError(
             f"canonical rows ({ns.canonical_format}) are not supported: where the canonical pages sit in the row "
             "depends on the writer's worker count, which config.json does not record", path=where)
-    if len(groups) > 1:
+    if n_groups > 1:
         # Several groups share each row (overlaid from byte 0, or packed side by side): which bytes are this
         # group's depends on vLLM's placement, which config.json does not record.
-        raise LegacyLayoutError(f"{len(groups)} KV-cache groups: config.json does not record where each group's "
+        raise LegacyLayoutError(f"{n_groups} KV-cache groups: config.json does not record where each group's "
                                 "layers sit in the row, so no per-layer table can be proven", path=where)
-    bpf = ns.blocks_per_file
-    kind = "replicated" if ns.replicated else "per_worker"
-    copies = 1 if kind != "per_worker" else par["tp"] * par["pp"] * par["pcp"]
-    if sharded and kind != "per_worker":
-        raise LegacyLayoutError("pipeline/decode-context parallel rows are per-worker rows in vLLM, but config.json "
-                                "says replicated_layout", path=where)
-    full_tpb, tpb = tpb, tpb // par["dcp"]  # a worker's block holds tokens_per_block / dcp tokens
-    unit = bpf * copies  # row bytes per byte of worker_kv_bytes_per_block (before the 4096 padding)
+    return cp_interleave, sharded
+
+
+def _candidates(file_size: int, unit: int, tpb: int, page_bytes: int | None, n_layers: int) -> list[int]:
+    """Worker bytes per block that fit the file; ``unit``: row bytes per such byte (before the 4096 padding)."""
     if page_bytes is not None:
         # The hint is one layer's page of a uniform model (what --page-bytes has always meant).
-        cands = [page_bytes * len(names)]
+        cands = [page_bytes * n_layers]
         row_bytes = round_up(cands[0] * unit, ROW_ALIGN)
         if row_bytes != file_size:
             raise LegacyLayoutError(
                 f"--page-bytes {page_bytes} gives a {row_bytes}-byte row, the file has {file_size}")
-    else:
-        if file_size <= 0 or file_size % ROW_ALIGN:
-            raise LegacyLayoutError(f"size {file_size} is not a multiple of {ROW_ALIGN}: fits no row layout")
-        lo = (file_size - ROW_ALIGN) // unit + 1
-        hi = file_size // unit
-        cands = [w for w in range(round_up(lo, tpb), hi + 1, tpb) if w > 0]
+        return cands
+    if file_size <= 0 or file_size % ROW_ALIGN:
+        raise LegacyLayoutError(f"size {file_size} is not a multiple of {ROW_ALIGN}: fits no row layout")
+    lo = (file_size - ROW_ALIGN) // unit + 1
+    hi = file_size // unit
+    return [w for w in range(round_up(lo, tpb), hi + 1, tpb) if w > 0]
+
+
+def _fitting_plan(ns: LegacyNamespace, facts: DeploymentFacts, group: int, cands: list[int], file_size: int,
+                  where: str) -> tuple[int, RowPlan]:
+    """The one candidate the layout model describes layer by layer (``facts`` with each candidate's bytes)."""
     # The same layout model as the tier (kvformat.layout), fed what config.json says plus a candidate
     # bytes-per-block: a legacy row compacts to exactly the file the tier writes for that deployment.
+    names, tpb = facts.groups[0].layer_names, facts.groups[0].tokens_per_block
+    bpf, copies = facts.blocks_per_chunk, facts.copies
     plans = []
     for w in cands:
-        facts = DeploymentFacts(model=ns.model, kv_dtype=ns.dtype, tokens_per_hash=ns.tokens_per_hash or tpb,
-                                blocks_per_chunk=bpf, worker_bytes_per_block=w,
-                                groups=(GroupFacts(group, tpb, tuple(names)),), row=kind, copies=copies,
-                                kv_cache_layout=kv_cache_layout, source="legacy config.json + file size",
-                                platform=platform)
         try:
-            plan = plan_groups(facts)[group]
+            plan = plan_groups(replace(facts, worker_bytes_per_block=w))[group]
         except SchemaError as e:
             raise LegacyLayoutError(e.message, path=where) from None
         if plan.order != "opaque":
@@ -193,18 +223,7 @@ def infer_row(ns: LegacyNamespace, group: int, file_size: int, *, page_bytes: in
     if not plans:
         raise LegacyLayoutError(f"size {file_size} fits no row of {len(names)} layers x {bpf} blocks x "
                                 f"{copies} slots that kvformat can describe layer by layer")
-    w, plan = plans[0]
-    if platform is None and any(platform_dependent(l.role, l.kv_dtype or ns.dtype) for l in plan.layout.layers):
-        raise LegacyLayoutError(
-            f"{ns.dtype} layers ({', '.join(sorted({l.role for l in plan.layout.layers}))}): the platform that wrote "
-            "them decides their bytes (FP8 flavour, the DSA indexer's order) and config.json does not record it; "
-            f"give the writer's platform ({', '.join(PLATFORMS)})", hint="--platform", path=where)
-    if sharded:
-        return _sharded_row(ns, group, file_size, w, plan, full_tpb, par, tuple(pp_layers or ()), cp_interleave,
-                            kv_cache_layout, where, platform)
-    return RowLayout(kind=kind, copies=copies, page_bytes=plan.layout.layers[0].page_bytes, slot_bytes=w * bpf,
-                     row_bytes=file_size, layout=plan.layout, provenance_tp=par["tp"] if kind == "per_worker" else 1,
-                     parallel=par)
+    return plans[0]
 
 
 def _sharded_row(ns: LegacyNamespace, group: int, file_size: int, w: int, stage0: RowPlan, full_tpb: int,

@@ -77,37 +77,14 @@ def compact_sglang(src: str, dst: str, *, model: str, n_layers: int, page_tokens
         out.ensure_namespace(layout)
     prov = Provenance(row="unknown", writer=f"kvformat {__version__} compact (sglang file backend, {host_layout})")
     scratch = memoryview(bytearray(size))
+    wrong_size = f"size is not {size} bytes ({n_layers} layers x {page_tokens} tokens x {width} {kv_dtype})"
     for name in sorted(os.listdir(src)):
         if not name.endswith(".bin"):
             continue
-        # Opened from the directory without following a symlink, and deleted only if the name still holds the
-        # inode that was read: a name swapped by someone else between the read and the delete is left alone.
-        try:
-            fd = open_in(src, name)
-        except (PathEscapeError, IsADirectoryError, FileNotFoundError):
+        got = _read_page(src, name, rep, suffix, size, wrong_size)
+        if got is None:
             continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            rep.seen += 1
-            m = _NAME.fullmatch(name)
-            if m is None:
-                rep.skip("not a KV page (a sidecar pool's page or another name)")
-                continue
-            if m["suffix"] != suffix:
-                rep.skip("another model, or a pipeline stage / context-parallel / DCP / head-sharded writer's part")
-                continue
-            if st.st_size != size:
-                rep.skip(f"size is not {size} bytes ({n_layers} layers x {page_tokens} tokens x {width} {kv_dtype})")
-                continue
-            with os.fdopen(os.dup(fd), "rb") as f:
-                raw = f.read(size + 1)
-        finally:
-            os.close(fd)
-        if len(raw) != size:
-            rep.skip(f"size is not {size} bytes ({n_layers} layers x {page_tokens} tokens x {width} {kv_dtype})")
-            continue
+        m, st, raw = got
         rep.bytes_in += len(raw)
         if host_layout == "page_first":
             plan.gather(memoryview(raw), scratch)
@@ -129,3 +106,37 @@ def compact_sglang(src: str, dst: str, *, model: str, n_layers: int, page_tokens
             if check == bytes(payload) and unlink_in(src, name, (st.st_dev, st.st_ino)) == MOVED:
                 rep.deleted += 1
     return rep
+
+
+def _read_page(src: str, name: str, rep: SGLangCompactReport, suffix: str, size: int,
+               wrong_size: str) -> tuple[re.Match[str], os.stat_result, bytes] | None:
+    """(name match, stat, bytes) of one KV page file of this model; None (counted in ``rep`` if seen) otherwise."""
+    # Opened from the directory without following a symlink, and deleted only if the name still holds the
+    # inode that was read: a name swapped by someone else between the read and the delete is left alone.
+    try:
+        fd = open_in(src, name)
+    except (PathEscapeError, IsADirectoryError, FileNotFoundError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        rep.seen += 1
+        m = _NAME.fullmatch(name)
+        if m is None:
+            rep.skip("not a KV page (a sidecar pool's page or another name)")
+            return None
+        if m["suffix"] != suffix:
+            rep.skip("another model, or a pipeline stage / context-parallel / DCP / head-sharded writer's part")
+            return None
+        if st.st_size != size:
+            rep.skip(wrong_size)
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(size + 1)
+    finally:
+        os.close(fd)
+    if len(raw) != size:
+        rep.skip(wrong_size)
+        return None
+    return m, st, raw

@@ -150,41 +150,49 @@ def _stripes(src: Any, n_stripes: Any, n_rows: Any, sec: Any, out: Any, ROWS: co
     tl.store(out + at_out + 1, co, mask=keep)
 
 
+def _long(src: Any, n: Any, n_full: Any, n_main: Any, parts: Any, sec: Any, UNROLL: constexpr) -> Any:
+    """XXH3's long path (over 240 bytes): the blocks' contributions folded in order, the last stripe, the merge."""
+    i = tl.arange(0, 4)
+    n64 = (tl.full([4], 0, tl.int64) + n).to(tl.uint64)
+    e = _sec(sec, _INIT + 2 * i)
+    o = _sec(sec, _INIT + 2 * i + 1)
+    se = _sec(sec, 128 + 16 * i)
+    sod = _sec(sec, 136 + 16 * i)
+    for b0 in range(0, n_main, UNROLL):
+        for u in tl.static_range(UNROLL):
+            at = (b0 + u) * 8 + 2 * i
+            e = e + tl.load(parts + at)
+            o = o + tl.load(parts + at + 1)
+            e = ((e ^ (e >> 47)) ^ se) * P32_1
+            o = ((o ^ (o >> 47)) ^ sod) * P32_1
+    for b in range(n_main, n_full):
+        at = b * 8 + 2 * i
+        e = e + tl.load(parts + at)
+        o = o + tl.load(parts + at + 1)
+        e = ((e ^ (e >> 47)) ^ se) * P32_1
+        o = ((o ^ (o >> 47)) ^ sod) * P32_1
+    at = n_full * 8 + 2 * i  # the partial block's stripes: added, never scrambled
+    e = e + tl.load(parts + at)
+    o = o + tl.load(parts + at + 1)
+    last = (n - 64) + 16 * i.to(tl.int64)  # the last stripe, overlapping the previous ones
+    yes = i >= 0
+    de = _rd64(src, last, yes)
+    do = _rd64(src, last + 8, yes)
+    ke = de ^ _sec(sec, 121 + 16 * i)
+    ko = do ^ _sec(sec, 129 + 16 * i)
+    e = e + do + (ke & M32) * (ke >> 32)
+    o = o + de + (ko & M32) * (ko >> 32)
+    m = _fold(e ^ _sec(sec, 11 + 16 * i), o ^ _sec(sec, 19 + 16 * i))
+    h = _avalanche3(n64 * P64_1 + _sum(m, 0))
+    return h
+
+
 def _final(src: Any, n: Any, n_full: Any, n_main: Any, parts: Any, sec: Any, out: Any, UNROLL: constexpr) -> Any:
     i = tl.arange(0, 4)
     first = i == 0
     n64 = (tl.full([4], 0, tl.int64) + n).to(tl.uint64)  # the length as a tile: no scalar arithmetic to overflow
     if n > 240:
-        e = _sec(sec, _INIT + 2 * i)
-        o = _sec(sec, _INIT + 2 * i + 1)
-        se = _sec(sec, 128 + 16 * i)
-        sod = _sec(sec, 136 + 16 * i)
-        for b0 in range(0, n_main, UNROLL):
-            for u in tl.static_range(UNROLL):
-                at = (b0 + u) * 8 + 2 * i
-                e = e + tl.load(parts + at)
-                o = o + tl.load(parts + at + 1)
-                e = ((e ^ (e >> 47)) ^ se) * P32_1
-                o = ((o ^ (o >> 47)) ^ sod) * P32_1
-        for b in range(n_main, n_full):
-            at = b * 8 + 2 * i
-            e = e + tl.load(parts + at)
-            o = o + tl.load(parts + at + 1)
-            e = ((e ^ (e >> 47)) ^ se) * P32_1
-            o = ((o ^ (o >> 47)) ^ sod) * P32_1
-        at = n_full * 8 + 2 * i  # the partial block's stripes: added, never scrambled
-        e = e + tl.load(parts + at)
-        o = o + tl.load(parts + at + 1)
-        last = (n - 64) + 16 * i.to(tl.int64)  # the last stripe, overlapping the previous ones
-        yes = i >= 0
-        de = _rd64(src, last, yes)
-        do = _rd64(src, last + 8, yes)
-        ke = de ^ _sec(sec, 121 + 16 * i)
-        ko = do ^ _sec(sec, 129 + 16 * i)
-        e = e + do + (ke & M32) * (ke >> 32)
-        o = o + de + (ko & M32) * (ko >> 32)
-        m = _fold(e ^ _sec(sec, 11 + 16 * i), o ^ _sec(sec, 19 + 16 * i))
-        h = _avalanche3(n64 * P64_1 + _sum(m, 0))
+        h = _long(src, n, n_full, n_main, parts, sec, UNROLL)
         tl.store(out + i, h, mask=first)
     elif n > 128:
         j = tl.arange(0, 16)
@@ -247,7 +255,7 @@ def _word32(src: Any, offs: Any) -> Any:
     return _sum(b << (byte * 8).to(tl.uint64)[None, :], 1)
 
 
-_FUNCS = (_rd64, _sum, _sec, _fold, _avalanche3, _avalanche64, _mix16, _byte, _word32, _stripes, _final)
+_FUNCS = (_rd64, _sum, _sec, _fold, _avalanche3, _avalanche64, _mix16, _byte, _word32, _stripes, _long, _final)
 _CONSTS = ("P32_1", "P32_2", "P32_3", "P64_1", "P64_2", "P64_3", "P64_4", "P64_5", "PMX_1", "PMX_2", "M32",
            "_INIT")
 

@@ -1,5 +1,5 @@
-"""Issue 11, the CLI's defect classes: each test is named after its class and checks more than the
-one example the issue gives."""
+"""The CLI's edge cases (its defect classes): each test is named after its class and checks more than
+one example of it."""
 
 from __future__ import annotations
 
@@ -24,21 +24,12 @@ from kvformat.cli import main
 from kvformat.errors import LayoutMismatchError, LegacyLayoutError
 from kvformat.legacy import LegacyNamespace, find_namespaces
 from kvformat.storage import open_store
-from treediff import changes
+from treediff import changes, snapshot
 
 
 def _json(argv, capsys) -> tuple[int, dict]:
     rc = main(argv + ["--json"])
     return rc, json.loads(capsys.readouterr().out)
-
-
-def _files(root: str) -> dict[str, bytes]:
-    out = {}
-    for dp, _d, fn in os.walk(root):
-        for f in fn:
-            p = os.path.join(dp, f)
-            out[os.path.relpath(p, root)] = open(p, "rb").read()
-    return out
 
 
 # -- data loss -------------------------------------------------------------------------------------------
@@ -57,7 +48,7 @@ def test_verify_quarantine_moves_only_block_files_inside_a_namespace(tmp_path, c
     for rel, data in strays.items():
         os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
         open(os.path.join(root, rel), "wb").write(data)
-    before = _files(root)
+    before = snapshot(root)
     rc, d = _json(["verify", "--quarantine", root], capsys)
     misplaced = next(r for r in strays if r.startswith("not-a-namespace/"))
     # the copy outside any namespace is checked (and found misplaced) but, not being in a namespace, stays
@@ -66,7 +57,7 @@ def test_verify_quarantine_moves_only_block_files_inside_a_namespace(tmp_path, c
     assert d["quarantined"] == [os.path.join(root, ".quarantine", rels[2] + ".ChecksumError")]
     ignored = {os.path.relpath(i["path"], root) for i in d["ignored"]}
     assert ignored == {r for r in strays if r.endswith(".kvf")}
-    after = _files(root)
+    after = snapshot(root)
     for rel in strays:
         assert after[rel] == before[rel], rel
     # given one by one, a stray is checked for its bytes but never moved
@@ -79,12 +70,12 @@ def test_verify_quarantine_moves_only_block_files_inside_a_namespace(tmp_path, c
 
 def test_compact_refuses_a_destination_that_does_not_outlive_the_process(tmp_path, capsys):
     t = build(str(tmp_path / "src"), tp=2, n_files=3)
-    before = _files(t.root)
+    before = snapshot(t.root)
     for dst in ("memory://x", "memory://bucket/deep/prefix"):
         for extra in (["--delete-source"], [], ["--dry-run"]):
             assert main(["compact", t.root, dst, *extra]) == 2
             assert "does not outlive this process" in capsys.readouterr().err
-    assert not changes(before, _files(t.root)), changes(before, _files(t.root))  # every source still there
+    assert not changes(before, snapshot(t.root)), changes(before, snapshot(t.root))  # every source still there
     assert main(["compact", t.root, t.root]) == 2  # nor SRC itself
     assert "DST must differ" in capsys.readouterr().err
 
@@ -92,7 +83,7 @@ def test_compact_refuses_a_destination_that_does_not_outlive_the_process(tmp_pat
 def test_gc_works_on_a_kvformat_root_only_and_size_zero_is_no_limit(tmp_path, capsys):
     a, rels_a = kv_root(str(tmp_path / "many" / "a"), n=3)
     b, rels_b = kv_root(str(tmp_path / "many" / "b"), n=3, salt=10)
-    everything = _files(str(tmp_path / "many"))
+    everything = snapshot(str(tmp_path / "many"))
     # several roots at once, a namespace, an empty directory, a legacy cache, a missing path: refused
     t = build(str(tmp_path / "legacy"), tp=2, n_files=1)
     (tmp_path / "empty").mkdir()
@@ -100,10 +91,10 @@ def test_gc_works_on_a_kvformat_root_only_and_size_zero_is_no_limit(tmp_path, ca
                    tmp_path / "nope"):
         assert main(["gc", str(target), "--max-bytes", "1"]) == 2, target
         capsys.readouterr()
-    assert _files(str(tmp_path / "many")) == everything
+    assert snapshot(str(tmp_path / "many")) == everything
     # 0 is no limit (as the tier's max_bytes): nothing evicted
     assert main(["gc", a, "--max-bytes", "0"]) == 0
-    assert _files(str(tmp_path / "many")) == everything
+    assert snapshot(str(tmp_path / "many")) == everything
     capsys.readouterr()
     # other .kvf files in the root are never deleted
     stray = os.path.join(a, "scratch", "x.kvf")
@@ -424,7 +415,7 @@ def test_compact_rerun_repairs_an_output_whose_payload_is_corrupt(tmp_path, caps
     t = build(str(tmp_path / "src"), tp=2, n_files=4)
     dst = str(tmp_path / "dst")
     assert main(["compact", "-q", t.root, dst]) == 0
-    first = _files(dst)
+    first = snapshot(dst)
     outs = sorted(p for p in first if p.endswith(".kvf"))
     flip(os.path.join(dst, outs[0]), 100)  # payload bytes: the header still verifies
     flip(os.path.join(dst, outs[1]), 1)
@@ -432,7 +423,7 @@ def test_compact_rerun_repairs_an_output_whose_payload_is_corrupt(tmp_path, caps
     capsys.readouterr()
     rc, rep = _json(["compact", t.root, dst], capsys)
     assert rc == 0 and rep["converted"] == 2 and rep["skipped"] == 2
-    assert _files(dst) == first
+    assert snapshot(dst) == first
     assert main(["verify", dst]) == 0
     capsys.readouterr()
 

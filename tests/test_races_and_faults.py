@@ -225,7 +225,7 @@ def test_quarantine_puts_back_a_file_published_between_its_check_and_its_rename(
 _CHILD = """
 import json, sys
 sys.path.insert(0, {tests!r})
-import test_side_paths as t
+import test_races_and_faults as t
 eng = t.engine({root!r}, t.StdinGate({root!r}) if {gate!r} else None)
 if {gate!r}:
     eng.store.hold_read = eng.relpath(t.h({i}))
