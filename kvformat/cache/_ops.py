@@ -22,8 +22,7 @@ from ._log import CacheLog
 from ._lru import LRUIndex
 from ._rows import RowEngine
 from ._scan import ScanProgress
-from ._shared import SharedBound, default_allowance
-from ._shared_mac import ControlMac
+from .shared import ControlMac, SharedBound, default_allowance
 
 __all__ = ["RootOps", "rescan_interval"]
 

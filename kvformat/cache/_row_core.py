@@ -35,7 +35,7 @@ from ._log import CacheLog
 from ._lru import LRUIndex
 from ._pool import BatchWorker
 from ._sealing import sealed_plans, tier_keyring
-from ._shared import SharedBound
+from .shared import SharedBound
 
 WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
 REFUSED = "refused"  # not attempted: the root is unusable, or the shared bound has no room (counted by reason)

@@ -46,16 +46,16 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-from ..errors import ControlRecordError, KVFormatError
-from ..format._write import host_tag
-from ..storage import Store
-from ._counters import Counters
-from ._log import CacheLog
-from ._lru import LRUIndex
-from ._shared_check import Stuck, parse_state, read_control
-from ._shared_evictor import EvictorRole
-from ._shared_mac import ControlMac
-from ._shared_grants import (ENGINES_DIR, LEASE_DIR, MAX_PENDING, STATE_FILE, Holding, Key, dead_here,
+from ...errors import ControlRecordError, KVFormatError
+from ...format._write import host_tag
+from ...storage import Store
+from .._counters import Counters
+from .._log import CacheLog
+from .._lru import LRUIndex
+from ._checks import Stuck, parse_state, read_control
+from ._evictor import EvictorRole
+from ._mac import ControlMac
+from ._state import (ENGINES_DIR, LEASE_DIR, MAX_PENDING, STATE_FILE, Holding, Key, dead_here,
                              default_allowance, grant, shared_target)
 
 _STUCK = "control:read"  # log-once reason of a control read that stalled

@@ -1,5 +1,5 @@
-"""The evictor's side of :class:`kvformat.cache._shared.SharedBound`: taking the lease, merging the followers'
-journals, dooming and deleting, publishing ``state.json`` (the protocol is in :mod:`kvformat.cache._shared`)."""
+"""The evictor's side of :class:`kvformat.cache.shared.SharedBound`: taking the lease, merging the followers'
+journals, dooming and deleting, publishing ``state.json`` (the protocol is in :mod:`kvformat.cache.shared._bound`)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..format._write import host_tag
-from ..storage import Store
-from ._log import CacheLog
-from ._lru import LRUIndex
-from ..errors import ControlRecordError, KVFormatError
-from ..storage._local import LocalStore
-from ._shared_check import (MAX_CONTROL_BYTES, MAX_GEN, MAX_LEASE_BYTES, Stuck, parse_journal, parse_lease,
+from ...format._write import host_tag
+from ...storage import Store
+from .._log import CacheLog
+from .._lru import LRUIndex
+from ...errors import ControlRecordError, KVFormatError
+from ...storage._local import LocalStore
+from ._checks import (MAX_CONTROL_BYTES, MAX_GEN, MAX_LEASE_BYTES, Stuck, parse_journal, parse_lease,
                             read_control)
-from ._shared_mac import ControlMac
-from ._shared_grants import ENGINES_DIR, LEASE_DIR, STATE_FILE, Holding, View, grant, shared_target
+from ._mac import ControlMac
+from ._state import ENGINES_DIR, LEASE_DIR, STATE_FILE, Holding, View, grant, shared_target
 
 __all__ = ["EvictorRole"]
 

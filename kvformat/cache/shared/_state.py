@@ -1,5 +1,5 @@
 """The shared root's numbers and records: where its control objects live, the grant arithmetic, and what the
-evictor keeps of each follower (see :mod:`kvformat.cache._shared` for the protocol)."""
+evictor keeps of each follower (see :mod:`kvformat.cache.shared._bound` for the protocol)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._paths import CONTROL_DIR
-from ..format._write import host_tag
+from ...format._paths import CONTROL_DIR
+from ...format._write import host_tag
 
 __all__ = ["ENGINES_DIR", "LEASE_DIR", "MAX_PENDING", "STATE_FILE", "Holding", "Key", "View", "dead_here",
            "default_allowance", "grant", "shared_target"]
