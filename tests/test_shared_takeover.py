@@ -92,7 +92,7 @@ def test_a_take_over_listing_longer_than_ttl_keeps_the_lease(tmp_path: Path) -> 
         slow.wait(3 * b.sb.ttl_s)
         plain()
 
-    b.sb._rescan = slow_rescan
+    b.sb.evictor._rescan = slow_rescan
     took_over: list[bool] = []
     done = threading.Event()
 
