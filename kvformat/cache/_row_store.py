@@ -28,7 +28,7 @@ class RowStore(RowCore):
             assert self.health is not None
             self.store_failed(f"root_{self.health.state}")
             return REFUSED, 0
-        if self.shared is not None and self.shared.refused(rel):  # being evicted: written again once it is gone
+        if self.shared.refused(rel):  # being evicted: written again once it is gone
             self.store_failed("evicting")
             return REFUSED, 0
         if self.index.touch(rel):
@@ -78,11 +78,10 @@ class RowStore(RowCore):
                 self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
                 return EXISTS, 0
             shared = self.shared
-            if shared is not None:
-                why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
-                if why is not None:
-                    self.store_failed(why)
-                    return REFUSED, 0
+            why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
+            if why is not None:
+                self.store_failed(why)
+                return REFUSED, 0
             # Reserved for rel: until add/release no other thread indexes the file this put publishes, so
             # no eviction can delete it before our add (which would then index a ghost).
             victims = self.index.reserve(size, rel)
@@ -95,52 +94,46 @@ class RowStore(RowCore):
                     wrote = self.store.put(rel, [hdr, data], overwrite=False, fsync=self.cfg.fsync)
             except ReplicaMismatchError:  # found by the fused write: nothing was published
                 self.index.release(size, rel)
-                if shared is not None:
-                    shared.unreserve(size)
+                shared.unreserve(size)
                 # The digests for the log: the rare path pays for them.
                 self._replicas_differ(h, [xxh3_64(self._payload_of(base + r * self.slot, 1))
                                           for r in range(self.copies)], "the worker slots", found=True)
                 return REPLICA_MISMATCH, 0
             except BaseException:
                 self.index.release(size, rel)
-                if shared is not None:
-                    shared.unreserve(size)
+                shared.unreserve(size)
                 raise
             if wrote:
                 self._mtimes[rel] = time.time()
-                if shared is not None:
-                    shared.wrote(rel, size)
+                shared.wrote(rel, size)
                 self.delete_victims(self.index.add(rel, size, reserved=size))
                 self.counters.add(bytes_written=size, files_written=1, dedup_saved_bytes=saved)
                 return WRITTEN, size
             self.index.release(size, rel)
-            if shared is not None:
-                shared.unreserve(size)
+            shared.unreserve(size)
             # Another writer (instance, TP size) was first, or the file is a victim being deleted. The
             # pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
             # On a shared root the evictor may have doomed the file since the check at the top: indexing it
             # then would leave a ghost once it is deleted (a later load finds it missing). The read token
             # keeps the evictor from deleting it until the refused() check after add_found has run.
-            token = shared.read_begin(rel) if shared is not None else None
-            if shared is not None and token is None:
+            token = shared.read_begin(rel)
+            if token is None:
                 self.store_failed("evicting" if shared.refused(rel) else "coordination")
                 return REFUSED, 0
             since = self.index.pin(rel)
             try:
                 existing = self._check_existing(rel, key, since)
                 if existing is not None and self.index.add_found(rel, existing, since):
-                    if shared is not None and shared.refused(rel):
+                    if shared.refused(rel):
                         self.index.remove(rel)
                         self.store_failed("evicting")
                         return REFUSED, 0
                     self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
-                    if shared is not None:
-                        shared.used(rel)
+                    shared.used(rel)
                     return EXISTS, 0
             finally:
                 self._unpin(rel)
-                if shared is not None:
-                    shared.read_end(token)
+                shared.read_end(token)
             self.index.wait_gone(rel)  # an eviction or another store of this file is finishing
         return FAILED, 0
 

@@ -41,7 +41,10 @@ from ._bound import SharedBound
 from ._journal import ENGINES_DIR
 from ._lease import LEASE_DIR
 from ._mac import ControlMac
+from ._nobound import NoBound
 from ._state import STATE_FILE, default_allowance, grant, shared_target
 
-__all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "ControlMac", "SharedBound", "default_allowance", "grant",
-           "shared_target"]
+Bound = SharedBound | NoBound  # what a row engine holds: its root's shared bound, or an unbounded root's stand-in
+
+__all__ = ["ENGINES_DIR", "LEASE_DIR", "STATE_FILE", "Bound", "ControlMac", "NoBound", "SharedBound",
+           "default_allowance", "grant", "shared_target"]

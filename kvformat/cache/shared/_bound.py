@@ -9,6 +9,7 @@ import secrets
 import time
 from typing import Any, Callable
 
+from ...format._sizes import format_size
 from ...format._write import host_tag
 from ...storage import Store
 from .._counters import Counters
@@ -167,6 +168,18 @@ class SharedBound:
                 s["used"] = (self.index.used + self.index.reserved + self.ledger.reserved
                              + sum(size for _, size in h.doomed.values()))
             return s
+
+    def describe(self) -> str:
+        """This engine's part, for the start-up and summary log lines."""
+        role = "evictor" if self.is_evictor else "follower"
+        return f", shared root: {role} (allowance {format_size(self.allowance)} per engine)"
+
+    def gauges(self) -> dict[str, int]:
+        """The shared root's values for metrics: role, engines, the root's usage, control records skipped."""
+        view = self.root_view()
+        return {"evictor": int(bool(view.get("evictor"))), "root_engines": int(view.get("engines") or 1),
+                "root_used_bytes": int(view.get("used") or (self.index.used if view.get("evictor") else 0)),
+                "control_rejected": sum(view.get("control_rejected", {}).values())}  # issue 31: bad control records
 
     # -- the housekeeping tick -----------------------------------------------------------------------
     def tick(self) -> None:
