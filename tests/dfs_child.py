@@ -28,7 +28,7 @@ from vllm_harness import Deployment, kvformat_tier, make_keys, make_payload  # n
 
 PLANT = os.environ.get("KVF_DFS_PLANT", "")
 if PLANT == "nolease":
-    from kvformat.cache import _shared
+    from kvformat.cache import shared as _shared
 
     _shared.SharedBound.tick = lambda self: None  # type: ignore[method-assign]
     _shared.SharedBound.may_write = lambda self, n: None  # type: ignore[method-assign]

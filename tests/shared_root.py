@@ -2,7 +2,7 @@
 (tests/shared_root_child.py) on one bounded root, a usage sampler, and the checks every run makes.
 
 The engines store and load overlapping keys on one bounded root while the test samples the bytes on storage. The
-bytes never exceed max_bytes (cache/_shared.py, spec/GUARANTEES.md G-8), every load is the right bytes or a miss, and
+bytes never exceed max_bytes (cache/shared/, spec/GUARANTEES.md G-8), every load is the right bytes or a miss, and
 no load finds its file deleted under it (``missing_files`` and ``io_errors`` stay 0 on every engine although the
 evictor deletes files the others have indexed and read).
 """

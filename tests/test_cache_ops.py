@@ -14,7 +14,7 @@ from tmpfs_mount import tmpfs
 
 from kvformat.cache._health import DEGRADED, LOST, OK, RootHealth
 from kvformat.cache._log import CacheLog
-from kvformat.cache._shared import default_allowance, grant, shared_target
+from kvformat.cache.shared import default_allowance, grant, shared_target
 from kvformat.errors import RootUnusableError, SchemaError
 from kvformat.format._spec import CanonicalLayout
 from kvformat.storage import LocalStore

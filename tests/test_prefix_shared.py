@@ -12,8 +12,8 @@ from kvformat.cache._counters import Counters
 from kvformat.cache._log import CacheLog
 from kvformat.cache._lru import LRUIndex
 from kvformat.cache._prefix import PrefixIndex
-from kvformat.cache._shared import ENGINES_DIR, SharedBound
-from kvformat.cache._shared_check import parse_journal
+from kvformat.cache.shared import ENGINES_DIR, SharedBound
+from kvformat.cache.shared._journal import parse_journal
 from kvformat.errors import ControlRecordError
 from kvformat.storage import LocalStore
 

@@ -20,9 +20,9 @@ import pytest
 from kvformat.cache._counters import Counters
 from kvformat.cache._log import CacheLog
 from kvformat.cache._lru import LRUIndex
-from kvformat.cache._shared import ENGINES_DIR, LEASE_DIR, STATE_FILE, SharedBound
-from kvformat.cache._shared_check import MAX_CONTROL_BYTES, MAX_GEN, Stuck
-from kvformat.cache._shared_mac import ControlMac
+from kvformat.cache.shared import ENGINES_DIR, LEASE_DIR, STATE_FILE, SharedBound
+from kvformat.cache.shared._checks import MAX_CONTROL_BYTES, MAX_GEN, Stuck
+from kvformat.cache.shared import ControlMac
 from kvformat.storage import LocalStore
 from treediff import changes, snapshot
 

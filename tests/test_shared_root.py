@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvformat.cache._shared import STATE_FILE
+from kvformat.cache.shared import STATE_FILE
 from shared_root import FILE, MAX, Sampler, check, finish, start
 from tmpfs_mount import tmpfs
 

@@ -3,7 +3,7 @@
     python tools/fs_probe.py DIR [DIR ...] [--json]
 
 Each DIR is the same directory as seen by a different client (e.g. two FUSE mounts of one MooseFS); with one DIR
-both "clients" are this process. kvformat's shared root (cache/_shared.py) uses no POSIX lock: it needs exclusive
+both "clients" are this process. kvformat's shared root (cache/shared/) uses no POSIX lock: it needs exclusive
 create (O_EXCL, ``link``), atomic replace (``rename``), listing, and that another client sees a replaced object
 within a bound its lease ttl covers. The lock rows are reported for operators who wrap kvformat in their own
 locking. Independent of kvformat: only os/fcntl here.

@@ -21,8 +21,7 @@ from ._log import CacheLog
 from ._lru import LRUIndex
 from ._rows import RowEngine
 from ._scan import ScanProgress
-from ._shared import SharedBound, default_allowance
-from ._shared_mac import ControlMac
+from .shared import Bound, ControlMac, SharedBound, default_allowance
 
 __all__ = ["RootOps", "rescan_interval"]
 
@@ -51,7 +50,7 @@ class RootOps:
         self.stop = threading.Event()
         self.progress = ScanProgress()
         self.health = RootHealth(store, cfg.root, log, start_degraded=cfg.start_degraded)
-        self.shared: SharedBound | None = None
+        self.shared: Bound = engines[0].shared  # unbounded: the engines' stand-in; start() may share a bound
         self.file_bytes = 0
         self.scan = threading.Thread(target=self._scan, name="kvformat_scan", daemon=True)
         self._keeper = threading.Thread(target=self._keep, name="kvformat_keeper", daemon=True)
@@ -106,11 +105,7 @@ class RootOps:
         return "unbounded" if m is None else f"{m} ({format_size(m)})"
 
     def _shared_text(self) -> str:
-        sb = self.shared
-        if sb is None:
-            return ""
-        role = "evictor" if sb.is_evictor else "follower"
-        return f", shared root: {role} (allowance {format_size(sb.allowance)} per engine)"
+        return self.shared.describe()
 
     def _scan(self) -> None:
         if not self.health.usable:  # a degraded root: scanned once it works (see _keep)
@@ -130,7 +125,7 @@ class RootOps:
         """The evictor lists the root every :func:`rescan_interval`, on a thread of its own (a big tree must not
         hold up the ticks followers wait on), and counts every file found that it did not know of."""
         sb = self.shared
-        if (sb is None or not sb.is_evictor or not self.progress.done or now < self._next_rescan
+        if (not sb.is_evictor or not self.progress.done or now < self._next_rescan
                 or (self._rescanner is not None and self._rescanner.is_alive())):
             return
         self._next_rescan = now + rescan_interval(self.cfg.shared_interval_s)
@@ -167,7 +162,7 @@ class RootOps:
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + interval
-                if usable and self.shared is not None:
+                if usable:
                     self.shared.tick()
                     self._maybe_rescan(now)
                 self.log.flush()
@@ -182,7 +177,7 @@ class RootOps:
         this engine is the evictor or admitted by it (until then a follower's stores fail and loads miss)."""
         if not (self.health.usable and self.progress.done):
             return False
-        return self.shared is None or self.shared.is_evictor or self.shared.may_read("")
+        return self.shared.is_evictor or self.shared.may_read("")
 
     def summary(self) -> None:
         """The one start-up summary line (logged when the scan has finished)."""
@@ -200,12 +195,7 @@ class RootOps:
         out = {"used_bytes": self.index.used, "files": len(self.index),
                "root_healthy": int(self.health.usable), "scan_files": self.progress.files,
                "scan_done": int(self.progress.done)}
-        if self.shared is not None:
-            view = self.shared.root_view()
-            out["evictor"] = int(bool(view.get("evictor")))
-            out["root_engines"] = int(view.get("engines") or 1)
-            out["root_used_bytes"] = int(view.get("used") or (self.index.used if view.get("evictor") else 0))
-            out["control_rejected"] = sum(view.get("control_rejected", {}).values())  # issue 31: bad control records
+        out.update(self.shared.gauges())
         return out
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -214,5 +204,5 @@ class RootOps:
         self.health.wake.set()
         if self._keeper.is_alive():
             self._keeper.join(timeout_s)
-        if self.shared is not None and self.health.usable:
+        if self.health.usable:
             self.shared.close()

@@ -34,7 +34,7 @@ from ._log import CacheLog
 from ._lru import LRUIndex
 from ._pool import BatchWorker
 from ._sealing import sealed_plans, tier_keyring
-from ._shared import SharedBound
+from .shared import Bound, NoBound
 
 WRITTEN, EXISTS, REPLICA_MISMATCH, FAILED = "written", "exists", "replica_mismatch", "failed"
 REFUSED = "refused"  # not attempted: the root is unusable, or the shared bound has no room (counted by reason)
@@ -76,7 +76,7 @@ class RowCore:
         self.counters: Counters = share.counters if share is not None else Counters()
         self.log: CacheLog = share.log if share is not None else CacheLog()
         self.health: RootHealth | None = share.health if share is not None else None
-        self.shared: SharedBound | None = share.shared if share is not None else None
+        self.shared: Bound = share.shared if share is not None else NoBound(self.delete_now)
         self._scratch = threading.local()
         if plan.shards and sorted(w for sh in plan.shards for w in sh.slots) != list(range(copies)):
             # Every worker slot belongs to exactly one shard, else a stage or DCP rank would be missing.
@@ -152,7 +152,7 @@ class RowCore:
     def can_read(self, rel: str) -> bool:
         """Whether a lookup may answer a hit for ``rel`` now: the root is usable and, on a shared root, the file
         is not doomed and this engine's view of the evictor is current."""
-        return self._usable() and (self.shared is None or self.shared.may_read(rel))
+        return self._usable() and self.shared.may_read(rel)
 
     def store_failed(self, reason: str) -> None:
         """Count a chunk not stored; an OS error also has the root examined at once (a mount that went away)."""
@@ -166,10 +166,7 @@ class RowCore:
 
     def delete_victims(self, victims: list[tuple[str, int]]) -> None:
         """Evict ``victims``: at once, or through the shared root's evictor (doomed until no engine reads them)."""
-        if self.shared is not None:
-            self.shared.evict(victims)
-        else:
-            self.delete_now(victims)
+        self.shared.evict(victims)
 
     def delete_now(self, victims: list[tuple[str, int]]) -> None:
         """Delete evicted files for good (counters, events)."""
@@ -227,8 +224,7 @@ class RowCore:
             self.warn(reason, "%s; served as a miss, left in place: a newer file has taken its name", err)
             return
         self.index.remove(rel, since)
-        if self.shared is not None:
-            self.shared.removed(rel)
+        self.shared.removed(rel)
         self.warn(reason, "%s; served as a miss, file moved to %s", err, q.relpath)
         self.on_removed([rel])
 

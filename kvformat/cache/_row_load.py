@@ -37,8 +37,8 @@ class RowLoad(RowCore):
         if claim is not None and not isolated and not claim():
             return None
         shared = self.shared
-        token = shared.read_begin(rel) if shared is not None else None
-        if shared is not None and token is None:  # doomed by the shared root's evictor, or no current view of it
+        token = shared.read_begin(rel)
+        if token is None:  # doomed by the shared root's evictor, or no current view of it
             return None
         since = self.index.pin(rel)
         try:
@@ -49,8 +49,7 @@ class RowLoad(RowCore):
             except FileNotFoundError:
                 self.index.remove(rel, since)  # kept if a store indexed a file published after this read
                 self.counters.add(missing_files=1)
-                if shared is not None:
-                    shared.removed(rel)
+                shared.removed(rel)
                 self.on_removed([rel])
                 return None
             except KVFormatError as e:
@@ -88,13 +87,11 @@ class RowLoad(RowCore):
                 self._mtimes[rel] = now
                 self.toucher.submit(rel)  # off the load's path: a touch is a server-side copy on S3
             self.counters.add(bytes_read=hdr.file_bytes, files_read=1)
-            if shared is not None:
-                shared.used(rel)
+            shared.used(rel)
             return int(hdr.file_bytes)
         finally:
             self._unpin(rel)
-            if shared is not None:
-                shared.read_end(token)
+            shared.read_end(token)
 
     # -- lookup of a file the index does not know (written by another instance) ------------------
     def probe_many(self, hs: list[str]) -> list[bool]:

@@ -12,7 +12,7 @@ from ..format._block import encode_block
 from ..format._native import xxh3_64
 from ..format._spec import BlockKey, Provenance
 from ._row_core import EXISTS, FAILED, REFUSED, REPLICA_MISMATCH, STORE_ATTEMPTS, WRITTEN, RowCore
-from ._shared import SharedBound
+from .shared import Bound
 
 # The other worker slots the fused write compares with the payload: (buffer, count, stride).
 _Others = tuple[memoryview, int, int]
@@ -55,7 +55,7 @@ class RowStore(RowCore):
             assert self.health is not None
             self.store_failed(f"root_{self.health.state}")
             return REFUSED, 0
-        if self.shared is not None and self.shared.refused(rel):  # being evicted: written again once it is gone
+        if self.shared.refused(rel):  # being evicted: written again once it is gone
             self.store_failed("evicting")
             return REFUSED, 0
         if self.index.touch(rel):
@@ -104,14 +104,13 @@ class RowStore(RowCore):
 
     def _write_once(self, h: str, base: int, rel: str, hdr: bytes, data: Any,
                     others: _Others | None, fuse: bool,
-                    shared: SharedBound | None) -> tuple[str, int] | None:
+                    shared: Bound) -> tuple[str, int] | None:
         """One attempt to publish the file under room reserved for it; None when a file was already there."""
         size = len(hdr) + len(data)
-        if shared is not None:
-            why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
-            if why is not None:
-                self.store_failed(why)
-                return REFUSED, 0
+        why = shared.may_write(size)  # room under the root-wide bound, reserved until wrote/unreserve
+        if why is not None:
+            self.store_failed(why)
+            return REFUSED, 0
         # Reserved for rel: until add/release no other thread indexes the file this put publishes, so
         # no eviction can delete it before our add (which would then index a ghost).
         victims = self.index.reserve(size, rel)
@@ -133,8 +132,7 @@ class RowStore(RowCore):
             raise
         if wrote:
             self._mtimes[rel] = time.time()
-            if shared is not None:
-                shared.wrote(rel, size)
+            shared.wrote(rel, size)
             self.delete_victims(self.index.add(rel, size, reserved=size))
             # The replicas not written (a sharded row holds the payload once across its shards).
             saved = (max(0, self.copies * self.slot - self.payload_bytes) if self.plan.shards
@@ -144,37 +142,34 @@ class RowStore(RowCore):
         self._unreserve(rel, size, shared)
         return None
 
-    def _unreserve(self, rel: str, size: int, shared: SharedBound | None) -> None:
+    def _unreserve(self, rel: str, size: int, shared: Bound) -> None:
         self.index.release(size, rel)
-        if shared is not None:
-            shared.unreserve(size)
+        shared.unreserve(size)
 
-    def _adopt_existing(self, rel: str, key: BlockKey, shared: SharedBound | None) -> tuple[str, int] | None:
+    def _adopt_existing(self, rel: str, key: BlockKey, shared: Bound) -> tuple[str, int] | None:
         """Index the valid file another writer published (EXISTS), refuse one being evicted; None to try again."""
         # The pin, taken before the header read, makes add_found refuse a file evicted meanwhile.
         # On a shared root the evictor may have doomed the file since the check at the top: indexing it
         # then would leave a ghost once it is deleted (a later load finds it missing). The read token
         # keeps the evictor from deleting it until the refused() check after add_found has run.
-        token = shared.read_begin(rel) if shared is not None else None
-        if shared is not None and token is None:
+        token = shared.read_begin(rel)
+        if token is None:
             self.store_failed("evicting" if shared.refused(rel) else "coordination")
             return REFUSED, 0
         since = self.index.pin(rel)
         try:
             existing = self._check_existing(rel, key, since)
             if existing is not None and self.index.add_found(rel, existing, since):
-                if shared is not None and shared.refused(rel):
+                if shared.refused(rel):
                     self.index.remove(rel)
                     self.store_failed("evicting")
                     return REFUSED, 0
                 self.counters.add(dedup_saved_bytes=self.chunk_row_bytes)
-                if shared is not None:
-                    shared.used(rel)
+                shared.used(rel)
                 return EXISTS, 0
         finally:
             self._unpin(rel)
-            if shared is not None:
-                shared.read_end(token)
+            shared.read_end(token)
         return None
 
     def _make_parent(self, rel: str) -> None:

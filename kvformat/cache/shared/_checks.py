@@ -1,10 +1,11 @@
-"""Every byte a shared root's coordination reads under ``.kvformat/`` is checked here before use (issue 31).
+"""The bounded reads and field checks that every byte a shared root's coordination reads under ``.kvformat/``
+goes through before use (issue 31); each record's parser (``_journal``, ``_state``, ``_lease``) is built on them.
 
 Anyone who can write the root can write these files (a co-tenant, a buggy or crashed peer), so nothing in them is
 trusted: a control file is opened without following a symlink and without blocking (a FIFO is refused, never
 waited on), read to at most a stated size, and each record is checked for shape (a relative path inside the root,
 a size in ``[0, MAX_FILE_BYTES]``, a sequence number that only grows). A bad record raises
-:class:`~kvformat.errors.ControlRecordError` here; the callers skip it, count it and log it once, and go on with
+:class:`~kvformat.errors.ControlRecordError`; the callers skip it, count it and log it once, and go on with
 the other records: one bad record never stops the root.
 """
 
@@ -16,23 +17,21 @@ import os
 import re
 import stat
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from ..errors import ControlRecordError
-from ..format._paths import CONTROL_DIR
-from ..storage import Store
-from ..storage._local import LocalStore
+from ...errors import ControlRecordError
+from ...format._paths import CONTROL_DIR
+from ...storage import Store
 
-__all__ = ["MAX_CONTROL_BYTES", "MAX_FILE_BYTES", "MAX_GEN", "MAX_LEASE_BYTES", "Journal", "Stuck", "check_relpath",
-           "check_size", "parse_journal", "parse_lease", "parse_state", "read_control"]
+__all__ = ["ENGINE_ID", "MAX_CONTROL_BYTES", "MAX_FILE_BYTES", "MAX_GEN", "MAX_LEASE_BYTES", "Stuck", "check_int",
+           "check_relpath", "check_size", "load_doc", "read_control"]
 
 MAX_CONTROL_BYTES = 64 << 20  # a journal of MAX_PENDING records is ~20 MiB; a bigger control file is a bad file
 MAX_LEASE_BYTES = 4096
 MAX_FILE_BYTES = 1 << 40  # no single cache file is larger: a record claiming more is a bad record
 MAX_GEN = 10**12 - 1  # lease names are 12 digits
 MAX_PATH = 1024
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+ENGINE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 T = TypeVar("T")
 
 
@@ -40,7 +39,7 @@ def read_control(store: Store, relpath: str, limit: int = MAX_CONTROL_BYTES) -> 
     """``relpath``'s bytes, at most ``limit`` of them. On a local root the file is opened with ``O_NOFOLLOW`` and
     ``O_NONBLOCK`` and must be a regular file: a planted symlink or FIFO is a bad file, never followed or waited
     on. FileNotFoundError passes through (no file is not a bad file)."""
-    if not isinstance(store, LocalStore):
+    if not store.is_local:
         data = store.read_bytes(relpath)
         if len(data) > limit:
             raise ControlRecordError("oversized", f"{len(data)} bytes, at most {limit}", path=relpath)
@@ -131,13 +130,15 @@ def check_size(n: Any) -> int:
     return n
 
 
-def _int(v: Any, lo: int, hi: int, what: str) -> int:
+def check_int(v: Any, lo: int, hi: int, what: str) -> int:
+    """``v`` if it is an int (not a bool) in ``[lo, hi]``, else ControlRecordError ``what``."""
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise ControlRecordError(what, f"{str(v)[:40]} is not in [{lo}, {hi}]")
     return v
 
 
-def _load(raw: bytes) -> dict[str, Any]:
+def load_doc(raw: bytes) -> dict[str, Any]:
+    """A control record's JSON object; ControlRecordError ``json`` if it is none."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
@@ -145,99 +146,3 @@ def _load(raw: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ControlRecordError("json", "not a JSON object")
     return doc
-
-
-@dataclass(frozen=True)
-class Journal:
-    """One follower's journal, checked. ``records``: (seq, op, relpath, size, pred) past ``merged``, in order (``pred``:
-    the chunk before ``relpath`` in the prompt that stored it, from an optional fifth field ``{"pred": path}``, or
-    None); ``bad``: the records skipped."""
-
-    id: str
-    beat: int
-    ack: tuple[int, int] | None
-    gone: bool
-    records: list[tuple[int, str, str, int, str | None]]
-    bad: list[ControlRecordError]
-
-
-def parse_journal(raw: bytes, merged: int) -> Journal:
-    """A journal's records not merged yet (seq > ``merged``). Unknown fields, in the document, in a record's fifth
-    field (an object) or after it, are ignored (optional fields of later versions). A ``pred`` in the fifth field
-    is checked as the path is: a bad one makes the record bad."""
-    doc = _load(raw)
-    ident = doc.get("id")
-    if not isinstance(ident, str) or not _ID.fullmatch(ident):
-        raise ControlRecordError("id", "engine id not of the expected shape")
-    beat = _int(doc.get("beat"), 0, 2**62, "beat")
-    ack_raw = doc.get("ack")
-    ack = None
-    if ack_raw:
-        if not isinstance(ack_raw, list) or len(ack_raw) != 2:
-            raise ControlRecordError("ack", "not a [generation, state] pair")
-        ack = (_int(ack_raw[0], 0, MAX_GEN, "ack"), _int(ack_raw[1], 0, 2**62, "ack"))
-    recs = doc.get("records", [])
-    if not isinstance(recs, list) or len(recs) > 2 * 200_000:
-        raise ControlRecordError("records", "not a list of at most 400000 records")
-    out: list[tuple[int, str, str, int, str | None]] = []
-    bad: list[ControlRecordError] = []
-    last = merged
-    for r in recs:
-        try:
-            if not isinstance(r, list) or len(r) < 4:
-                raise ControlRecordError("record", "not a [seq, op, path, size, ...] list")
-            seq = _int(r[0], 0, 2**62, "seq")
-            if seq <= merged:
-                continue
-            if seq <= last:
-                raise ControlRecordError("seq", f"record {seq} after {last}: sequence numbers only grow")
-            if r[1] not in ("w", "r", "x"):
-                raise ControlRecordError("op", "op not one of w, r, x")
-            extra = r[4] if len(r) > 4 and isinstance(r[4], dict) else {}
-            pred = check_relpath(extra["pred"]) if extra.get("pred") is not None else None
-            out.append((seq, r[1], check_relpath(r[2]), check_size(r[3]), pred))
-            last = seq
-        except ControlRecordError as e:
-            bad.append(e)
-    return Journal(ident, beat, ack, doc.get("gone") is True, out, bad)
-
-
-def parse_state(raw: bytes) -> tuple[dict[str, Any], list[ControlRecordError]]:
-    """``state.json`` checked: the fields a follower uses, of the right types and ranges; bad doomed entries and
-    engine entries are dropped (and returned)."""
-    doc = _load(raw)
-    bad: list[ControlRecordError] = []
-    s: dict[str, Any] = {"gen": _int(doc.get("gen"), 1, MAX_GEN, "gen"), "seq": _int(doc.get("seq"), 0, 2**62, "seq"),
-                         "allowance": _int(doc.get("allowance", 0), 0, MAX_FILE_BYTES, "allowance"),
-                         "released": doc.get("released") is True}
-    for k in ("owner", "host"):
-        s[k] = doc[k] if isinstance(doc.get(k), str) and len(doc[k]) <= 256 else None
-    s["pid"] = doc["pid"] if isinstance(doc.get("pid"), int) and not isinstance(doc["pid"], bool) else 0
-    for k in ("used", "files", "target", "max_bytes"):
-        v = doc.get(k)
-        s[k] = v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**62 else None
-    doomed: dict[str, int] = {}
-    for d in doc.get("doomed", []) if isinstance(doc.get("doomed"), list) else []:
-        try:
-            if not isinstance(d, list) or len(d) < 2:
-                raise ControlRecordError("doomed", "not a [path, state] pair")
-            doomed[check_relpath(d[0])] = _int(d[1], 0, 2**62, "doomed")
-        except ControlRecordError as e:
-            bad.append(e)
-    s["doomed"] = doomed
-    engines: dict[str, int] = {}
-    raw_eng = doc.get("engines")
-    for k, v in (raw_eng.items() if isinstance(raw_eng, dict) else ()):
-        if isinstance(k, str) and _ID.fullmatch(k) and isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            engines[k] = v
-        else:
-            bad.append(ControlRecordError("engines", "an engine entry not of the expected shape"))
-    s["engines"] = engines
-    return s, bad
-
-
-def parse_lease(raw: bytes) -> dict[str, Any]:
-    doc = _load(raw)
-    return {"owner": doc.get("owner") if isinstance(doc.get("owner"), str) else None,
-            "host": doc.get("host") if isinstance(doc.get("host"), str) else None,
-            "pid": doc.get("pid") if isinstance(doc.get("pid"), int) and not isinstance(doc.get("pid"), bool) else 0}

@@ -1,22 +1,19 @@
-"""The shared root's numbers and records: where its control objects live, the grant arithmetic, and what the
-evictor keeps of each follower (see :mod:`kvformat.cache._shared` for the protocol)."""
+"""The evictor's published state (``state.json``: parsed and checked here), the grant arithmetic behind it, and what
+the evictor keeps while it holds the lease (:class:`Holding`, a :class:`View` of each follower); the protocol is in
+:mod:`kvformat.cache.shared`."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._paths import CONTROL_DIR
-from ..format._write import host_tag
+from ...errors import ControlRecordError
+from ...format._paths import CONTROL_DIR
+from ._checks import ENGINE_ID, MAX_FILE_BYTES, MAX_GEN, check_int, check_relpath, load_doc
 
-__all__ = ["ENGINES_DIR", "LEASE_DIR", "MAX_PENDING", "STATE_FILE", "Holding", "Key", "View", "dead_here",
-           "default_allowance", "grant", "shared_target"]
+__all__ = ["STATE_FILE", "Holding", "Key", "View", "default_allowance", "grant", "parse_state", "shared_target"]
 
-ENGINES_DIR = f"{CONTROL_DIR}/engines"
-LEASE_DIR = f"{CONTROL_DIR}/lease"
 STATE_FILE = f"{CONTROL_DIR}/state.json"
-MAX_PENDING = 200_000  # journal records kept for the evictor; past this, read records (recency) are dropped
 
 Key = tuple[int, int]  # (lease generation, state number): a point in the evictor's published history
 
@@ -78,21 +75,36 @@ class Holding:
     last_ok: float = 0.0
 
 
-def dead_here(owner: dict[str, Any]) -> bool:
-    """Whether the engine that wrote ``owner`` ({"host", "pid"}) is a process of this kernel boot and PID
-    namespace that no longer runs (then its lease is not waited out)."""
-    if owner.get("host") != host_tag():
-        return False
-    try:
-        pid = int(owner.get("pid", 0))
-    except (TypeError, ValueError):
-        return False
-    if pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+def parse_state(raw: bytes) -> tuple[dict[str, Any], list[ControlRecordError]]:
+    """``state.json`` checked: the fields a follower uses, of the right types and ranges; bad doomed entries and
+    engine entries are dropped (and returned)."""
+    doc = load_doc(raw)
+    bad: list[ControlRecordError] = []
+    s: dict[str, Any] = {"gen": check_int(doc.get("gen"), 1, MAX_GEN, "gen"),
+                         "seq": check_int(doc.get("seq"), 0, 2**62, "seq"),
+                         "allowance": check_int(doc.get("allowance", 0), 0, MAX_FILE_BYTES, "allowance"),
+                         "released": doc.get("released") is True}
+    for k in ("owner", "host"):
+        s[k] = doc[k] if isinstance(doc.get(k), str) and len(doc[k]) <= 256 else None
+    s["pid"] = doc["pid"] if isinstance(doc.get("pid"), int) and not isinstance(doc["pid"], bool) else 0
+    for k in ("used", "files", "target", "max_bytes"):
+        v = doc.get(k)
+        s[k] = v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**62 else None
+    doomed: dict[str, int] = {}
+    for d in doc.get("doomed", []) if isinstance(doc.get("doomed"), list) else []:
+        try:
+            if not isinstance(d, list) or len(d) < 2:
+                raise ControlRecordError("doomed", "not a [path, state] pair")
+            doomed[check_relpath(d[0])] = check_int(d[1], 0, 2**62, "doomed")
+        except ControlRecordError as e:
+            bad.append(e)
+    s["doomed"] = doomed
+    engines: dict[str, int] = {}
+    raw_eng = doc.get("engines")
+    for k, v in (raw_eng.items() if isinstance(raw_eng, dict) else ()):
+        if isinstance(k, str) and ENGINE_ID.fullmatch(k) and isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            engines[k] = v
+        else:
+            bad.append(ControlRecordError("engines", "an engine entry not of the expected shape"))
+    s["engines"] = engines
+    return s, bad

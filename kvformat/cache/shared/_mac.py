@@ -18,8 +18,8 @@ import hmac
 import re
 from dataclasses import dataclass, field
 
-from ..errors import ControlRecordError
-from ..format._seal import Keyring
+from ...errors import ControlRecordError
+from ...format._seal import Keyring
 
 __all__ = ["ControlMac"]
 
