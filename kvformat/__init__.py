@@ -2,10 +2,9 @@
 
 from .format import (
     ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, BlockFile, BlockHeader, BlockKey,
-    CanonicalLayout, Keyring, LayerSpec, Provenance, SealFields, SealKey, block_relpath, decode, encode, load_file,
-    load_keyring, open_block, read_header, read_into, save_file, verify_file,
+    CanonicalLayout, Keyring, LayerSpec, Provenance, SealFields, SealKey, __version__, block_relpath, decode, encode,
+    load_file, load_keyring, open_block, read_header, read_into, save_file, verify_file,
 )
-from ._version import __version__
 from .errors import KVFormatError
 
 

@@ -13,9 +13,8 @@ import threading
 import time
 from typing import Any
 
-from ..format._sizes import format_size
-from ..storage import Store
-from ..storage._local import LocalStore
+from ..format import format_size
+from ..storage import LocalStore, Store
 from ._config import TierConfig
 from ._health import RootHealth
 from ._log import CacheLog

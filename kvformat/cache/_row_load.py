@@ -8,8 +8,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import KVFormatError
-from ..format._fused import read_into_fused
-from ..format._spec import BlockKey
+from ..format import BlockKey, read_into_fused
 from ._row_core import TOUCH_INTERVAL_S, RowCore
 
 

@@ -8,11 +8,8 @@ import time
 from typing import Any
 
 from ..errors import KVFormatError, ReplicaMismatchError
-from ..format._block import encode_block
-from ..format._fused import write_block_fused
-from ..format._native import xxh3_64
-from ..format._spec import BlockKey, Provenance
-from ..storage._local import LocalStore
+from ..format import BlockKey, Provenance, encode_block, write_block_fused, xxh3_64
+from ..storage import LocalStore
 from ._row_core import EXISTS, FAILED, REFUSED, REPLICA_MISMATCH, STORE_ATTEMPTS, WRITTEN, RowCore
 
 

@@ -47,7 +47,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from ..errors import ControlRecordError, KVFormatError
-from ..format._write import host_tag
+from ..format import host_tag
 from ..storage import Store
 from ._counters import Counters
 from ._log import CacheLog

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from ..errors import ControlRecordError
-from ..format._paths import CONTROL_DIR
-from ..storage import Store
-from ..storage._local import LocalStore
+from ..format import CONTROL_DIR
+from ..storage import LocalStore, Store
 
 __all__ = ["MAX_CONTROL_BYTES", "MAX_FILE_BYTES", "MAX_GEN", "MAX_LEASE_BYTES", "Journal", "Stuck", "check_relpath",
            "check_size", "parse_journal", "parse_lease", "parse_state", "read_control"]

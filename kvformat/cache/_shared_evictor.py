@@ -10,12 +10,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..format._write import host_tag
-from ..storage import Store
+from ..format import host_tag
+from ..storage import LocalStore, Store
 from ._log import CacheLog
 from ._lru import LRUIndex
 from ..errors import ControlRecordError, KVFormatError
-from ..storage._local import LocalStore
 from ._shared_check import (MAX_CONTROL_BYTES, MAX_GEN, MAX_LEASE_BYTES, Stuck, parse_journal, parse_lease,
                             read_control)
 from ._shared_mac import ControlMac

@@ -7,8 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._paths import CONTROL_DIR
-from ..format._write import host_tag
+from ..format import CONTROL_DIR, host_tag
 
 __all__ = ["ENGINES_DIR", "LEASE_DIR", "MAX_PENDING", "STATE_FILE", "Holding", "Key", "View", "dead_here",
            "default_allowance", "grant", "shared_target"]

@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..format._paths import block_path_parts
-from ..format._seal import Keyring
+from ..format import Keyring, block_path_parts
 from ..errors import KVFormatError, UnknownKeyError
-from ..legacy._rows import is_legacy_root
+from ..legacy import is_legacy_root
 from ..storage import LocalStore
-from ..admin._scan import (
+from ..admin import (
     ProgressSink, check_block_file, find_store_root, namespace_dirs, not_a_root, os_error_text, scan_root,
 )
 from ._inspect import NOT_OUR_KEY, inspect_legacy, inspect_legacy_file, legacy_file_namespace

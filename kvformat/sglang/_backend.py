@@ -31,16 +31,11 @@ except ImportError as _e:
 
 import torch
 
-from .._version import __version__
-from ..cache._config import TierConfig
-from ..cache._jobs import CounterReport, shutdown_bounded
-from ..cache._log import CacheLog
-from ..cache._lru import LRUIndex
-from ..cache._ops import RootOps
-from ..cache._pool import DualPool
-from ..cache._rows import EXISTS, WRITTEN, RowEngine
+from ..format import Provenance, __version__
+from ..cache import (
+    EXISTS, WRITTEN, CacheLog, CounterReport, DualPool, LRUIndex, RootOps, RowEngine, TierConfig, shutdown_bounded,
+)
 from ..errors import SchemaError
-from ..format._spec import Provenance
 from ..storage import open_store
 from ._facts import PageFacts, page_facts, page_plan
 

@@ -11,10 +11,10 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from ..format._files import iter_files
-from ..format._read import _O_DIRECT, FileId, FileSource
-from ..format._write import TMP_PREFIX, temp_writer_gone, write_atomic
-from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from ..format import (
+    FILE_SUFFIX, NAMESPACE_FILE, O_DIRECT as _O_DIRECT, QUARANTINE_DIR, TMP_PREFIX, FileId, FileSource, iter_files,
+    temp_writer_gone, write_atomic,
+)
 from ._safepath import GONE as GONE_OUT, MOVED as MOVED_OUT, link_in, rename_in, unlink_in
 from ..errors import KVFormatError, PathEscapeError
 from ._base import GONE, MOVED, REPLACED, Store, StoreEntry

@@ -42,22 +42,16 @@ from vllm.v1.kv_offload.tiering.base import (
     JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
 )
 
-from .._version import __version__
-from ..format._spec import Provenance
-from ..layout._types import RowPlan
+from ..format import Provenance, __version__
+from ..layout import RowPlan
 from ._facts import deployment_facts, derive_layout, derive_plans, token_chain_layout
 from ._keys import Lookups, TierKeys
 from ._metrics import METRIC_PREFIX, connector_stats, metric_definitions, tier_label
 from ._tokens import TokenNames
-from ..cache._config import TierConfig
-from ..cache._health import unusable_root
-from ..cache._log import CacheLog
-from ..cache._lru import LRUIndex
-from ..cache._ops import RootOps
-from ..cache._pool import DualPool
-from ..cache._jobs import CounterReport, JobBook, shutdown_bounded
-from ..cache._rows import RowEngine
-from ..cache._sealing import sealed_plans
+from ..cache import (
+    CacheLog, CounterReport, DualPool, JobBook, LRUIndex, RootOps, RowEngine, TierConfig, sealed_plans,
+    shutdown_bounded, unusable_root,
+)
 from ..errors import SchemaError
 from ..storage import Store, open_store
 
