@@ -158,15 +158,31 @@ class LRUIndex:
             return self._touch_locked(relpath)
 
     def _touch_locked(self, relpath: str) -> bool:
-        if relpath in self._hot:
-            self._hot.move_to_end(relpath)
+        """The one touch of every policy: ``relpath`` becomes the newest file of :meth:`_touched_locked`'s
+        segment, moved there from whichever segment held it."""
+        top = self._touched_locked()
+        if relpath in top:
+            top.move_to_end(relpath)
             return True
-        cold = self._cold.get(relpath)
-        if cold is None:
-            return False
-        self._hot[relpath] = cold[0]  # insert before deleting: see __contains__
-        del self._cold[relpath]  # its heap row goes stale and is skipped
+        size = self._hot.get(relpath) if top is not self._hot else None
+        if size is None:
+            cold = self._cold.get(relpath)
+            if cold is None:
+                return False
+            size = cold[0]
+        top[relpath] = size  # insert before deleting: see __contains__
+        if top is not self._hot:
+            self._hot.pop(relpath, None)
+        self._cold.pop(relpath, None)  # a cold file's heap row goes stale and is skipped
+        self._promoted_locked(size)
         return True
+
+    def _touched_locked(self) -> OrderedDict[str, int]:
+        """The segment a touched file moves to (a subclass with segments has its own)."""
+        return self._hot
+
+    def _promoted_locked(self, size: int) -> None:
+        """A file of ``size`` bytes moved into :meth:`_touched_locked`'s segment from another one."""
 
     def _drop_locked(self, relpath: str) -> int | None:
         self._stuck.discard(relpath)
@@ -273,11 +289,6 @@ class LRUIndex:
         with self._lock:
             return self._victims_locked(limit=limit)
 
-    def set_held(self, nbytes: int) -> None:
-        """Bytes still on storage that the index no longer lists (counted against the bound; see ``held``)."""
-        with self._lock:
-            self.held = nbytes
-
     def forget(self, relpaths: Iterable[str]) -> None:
         """The caller deleted these victims (or found them gone): they are no longer doomed."""
         with self._lock:
@@ -335,7 +346,31 @@ class LRUIndex:
         del self._hot[rel]
         self._used -= size
 
+    def _first_victims_locked(self) -> Iterable[str]:
+        """Files evicted before the cold and the least recently used ones (a copy: the loop drops them)."""
+        return ()
+
+    def _evicted_locked(self, victims: list[tuple[str, int]]) -> None:
+        """The victims one call of :meth:`_victims_locked` took out of the index (already doomed)."""
+
+    def _take_locked(self, rels: Iterable[str], excess: int, keep: str | None, out: list[tuple[str, int]],
+                     *, stuck: bool = False) -> int:
+        """Drop ``rels`` in order into ``out`` until ``excess`` bytes are freed, skipping pinned files, ``keep``
+        and (unless ``stuck``) stuck ones; returns the excess left."""
+        for rel in rels:
+            if excess <= 0:
+                break
+            if rel in self._pins or rel == keep or (not stuck and rel in self._stuck):
+                continue
+            size = self._drop_locked(rel)
+            if size is not None:
+                out.append((rel, size))
+                excess -= size
+        return excess
+
     def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
+        """The one victim loop of every policy: :meth:`_first_victims_locked`, then cold files (oldest mtime
+        first), then :meth:`_order_locked`, then stuck files as a last resort."""
         bound = self.max_bytes if limit is None else limit
         if bound is None:
             return []
@@ -343,6 +378,30 @@ class LRUIndex:
         if excess <= 0:
             return []
         out: list[tuple[str, int]] = []
+        excess = self._take_locked(self._first_victims_locked(), excess, keep, out)
+        if excess > 0:
+            excess = self._take_cold_locked(excess, out)
+        if excess > 0:
+            picked = []
+            for rel, size in self._order_locked():  # iterate, never copy: O(victims + pinned skipped)
+                if excess <= 0:
+                    break
+                if rel in self._pins or rel == keep or rel in self._stuck:
+                    continue
+                picked.append((rel, size))
+                excess -= size
+            for rel, size in picked:
+                self._unlist_locked(rel, size)
+            out += picked
+        if excess > 0 and self._stuck:  # nothing else makes room: try the files whose delete failed again
+            self._take_locked(sorted(self._stuck), excess, keep, out, stuck=True)
+        for rel, _ in out:
+            self._doomed[rel] += 1
+            self._mark_gone_locked(rel)
+        self._evicted_locked(out)
+        return out
+
+    def _take_cold_locked(self, excess: int, out: list[tuple[str, int]]) -> int:
         skipped: list[tuple[float, str]] = []
         while excess > 0 and self._heap:  # cold files first, oldest mtime first
             mtime, rel = heapq.heappop(self._heap)
@@ -360,32 +419,7 @@ class LRUIndex:
             heapq.heappush(self._heap, row)
         if not self._cold:
             self._heap.clear()  # only stale rows are left
-        if excess > 0:
-            picked = []
-            for rel, size in self._order_locked():  # iterate, never copy: O(victims + pinned skipped)
-                if excess <= 0:
-                    break
-                if rel in self._pins or rel == keep or rel in self._stuck:
-                    continue
-                picked.append((rel, size))
-                excess -= size
-            for rel, size in picked:
-                self._unlist_locked(rel, size)
-            out += picked
-        if excess > 0 and self._stuck:  # nothing else makes room: try the files whose delete failed again
-            for rel in sorted(self._stuck):
-                if excess <= 0:
-                    break
-                if rel in self._pins or rel == keep:
-                    continue
-                dropped = self._drop_locked(rel)
-                if dropped is not None:
-                    out.append((rel, dropped))
-                    excess -= dropped
-        for rel, _ in out:
-            self._doomed[rel] += 1
-            self._mark_gone_locked(rel)
-        return out
+        return excess
 
     # -- the start-up scan -------------------------------------------------------------------------
     def begin_scan(self) -> None:
