@@ -158,8 +158,7 @@ class LRUIndex:
             return self._touch_locked(relpath)
 
     def _touch_locked(self, relpath: str) -> bool:
-        """The one touch of every policy: ``relpath`` becomes the newest file of :meth:`_touched_locked`'s
-        segment, moved there from whichever segment held it."""
+        """The one touch of every policy: the file moves to the end of :meth:`_touched_locked`'s segment."""
         top = self._touched_locked()
         if relpath in top:
             top.move_to_end(relpath)
@@ -178,8 +177,7 @@ class LRUIndex:
         return True
 
     def _touched_locked(self) -> OrderedDict[str, int]:
-        """The segment a touched file moves to (a subclass with segments has its own)."""
-        return self._hot
+        return self._hot  # the segment a touched file moves to (SegmentedLRUIndex: its protected one)
 
     def _promoted_locked(self, size: int) -> None:
         """A file of ``size`` bytes moved into :meth:`_touched_locked`'s segment from another one."""
@@ -347,16 +345,15 @@ class LRUIndex:
         self._used -= size
 
     def _first_victims_locked(self) -> Iterable[str]:
-        """Files evicted before the cold and the least recently used ones (a copy: the loop drops them)."""
-        return ()
+        return ()  # files evicted before any other (PrefixIndex: dead chunks); a copy, as the loop drops them
 
     def _evicted_locked(self, victims: list[tuple[str, int]]) -> None:
         """The victims one call of :meth:`_victims_locked` took out of the index (already doomed)."""
 
     def _take_locked(self, rels: Iterable[str], excess: int, keep: str | None, out: list[tuple[str, int]],
                      *, stuck: bool = False) -> int:
-        """Drop ``rels`` in order into ``out`` until ``excess`` bytes are freed, skipping pinned files, ``keep``
-        and (unless ``stuck``) stuck ones; returns the excess left."""
+        """Drop ``rels`` into ``out`` until ``excess`` bytes are freed (skipping pinned files, ``keep`` and unless
+        ``stuck`` stuck ones); returns the excess left."""
         for rel in rels:
             if excess <= 0:
                 break
@@ -369,8 +366,8 @@ class LRUIndex:
         return excess
 
     def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
-        """The one victim loop of every policy: :meth:`_first_victims_locked`, then cold files (oldest mtime
-        first), then :meth:`_order_locked`, then stuck files as a last resort."""
+        """The one victim loop of every policy: :meth:`_first_victims_locked`, cold files, :meth:`_order_locked`, then
+        stuck files as a last resort."""
         bound = self.max_bytes if limit is None else limit
         if bound is None:
             return []
@@ -379,8 +376,23 @@ class LRUIndex:
             return []
         out: list[tuple[str, int]] = []
         excess = self._take_locked(self._first_victims_locked(), excess, keep, out)
-        if excess > 0:
-            excess = self._take_cold_locked(excess, out)
+        skipped: list[tuple[float, str]] = []
+        while excess > 0 and self._heap:  # cold files first, oldest mtime first
+            mtime, rel = heapq.heappop(self._heap)
+            cold = self._cold.get(rel)
+            if cold is None or cold[1] != mtime:
+                continue  # touched or removed since the scan: a stale row
+            if rel in self._pins or rel in self._stuck:
+                skipped.append((mtime, rel))
+                continue
+            del self._cold[rel]
+            self._used -= cold[0]
+            excess -= cold[0]
+            out.append((rel, cold[0]))
+        for row in skipped:
+            heapq.heappush(self._heap, row)
+        if not self._cold:
+            self._heap.clear()  # only stale rows are left
         if excess > 0:
             picked = []
             for rel, size in self._order_locked():  # iterate, never copy: O(victims + pinned skipped)
@@ -400,26 +412,6 @@ class LRUIndex:
             self._mark_gone_locked(rel)
         self._evicted_locked(out)
         return out
-
-    def _take_cold_locked(self, excess: int, out: list[tuple[str, int]]) -> int:
-        skipped: list[tuple[float, str]] = []
-        while excess > 0 and self._heap:  # cold files first, oldest mtime first
-            mtime, rel = heapq.heappop(self._heap)
-            cold = self._cold.get(rel)
-            if cold is None or cold[1] != mtime:
-                continue  # touched or removed since the scan: a stale row
-            if rel in self._pins or rel in self._stuck:
-                skipped.append((mtime, rel))
-                continue
-            del self._cold[rel]
-            self._used -= cold[0]
-            excess -= cold[0]
-            out.append((rel, cold[0]))
-        for row in skipped:
-            heapq.heappush(self._heap, row)
-        if not self._cold:
-            self._heap.clear()  # only stale rows are left
-        return excess
 
     # -- the start-up scan -------------------------------------------------------------------------
     def begin_scan(self) -> None:
