@@ -137,27 +137,15 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         self.namespace = self.layout.namespace()
         self._ns_group = {p.layout.namespace(): g for g, p in self.plans.items()}
         self.store = self._open_store(root)
-        self.events: list[OffloadingEvent] | None = None
-        if self.config.enable_kv_events:
-            if offloading_spec.kv_events_config.enable_kv_cache_events:
-                self.events = []
-            else:
-                logger.warning("enable_kv_events is set on tier '%s' but KV cache events are disabled globally; "
-                               "the tier will not emit events.", tier_type)
+        self.events = self._event_list(offloading_spec, tier_type)
         self._events_lock = threading.Lock()
         # This tier evicts and announces it, so vLLM's event tracker must count it as a holder of each
         # chunk it stored (a residency of its own, keyed by medium + ownership): the tracker then keeps the
         # chunk's block hashes after the CPU tier drops it and expands this tier's removals to them.
         self._event_owner: dict[str, Any] = {"ownership": tier_type, "removal_expected": True}
-        # The token-chain scheme: plain-token chunks of the (one, pure MLA) group go to a second engine over the
-        # same rows, named by SGLang's page chain in a namespace SGLang's backend computes too.
         namespaces = ", ".join(f"group {g} -> {p.layout.namespace()} ({p.describe()})" for g, p in self.plans.items())
-        more: list[RowPlan] = []
-        if self.config.key_scheme == "token-chain":
-            chain = token_chain_layout(offloading_spec, self.plans, self.facts, rope)
-            plan = self.plans[first]
-            more.append(RowPlan(chain, plan.slot_bytes, plan.runs, plan.order, plan.source, plan.shards))
-            self._ns_group[chain.namespace()] = first
+        more = self._chain_plans(offloading_spec, first, rope)
+        if more:
             namespaces += f", token-chain -> {sealed_plans({0: more[0]}, self.config)[0].layout.namespace()}"
         self._flat = primary_kv_view.cast("B")
         try:
@@ -175,7 +163,7 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         self._names: TokenNames | None = None
         if more:
             self.chain_engine = self.cache.more[0]
-            self._names = TokenNames(first, chain.tokens_per_block, self.engine.warn)
+            self._names = TokenNames(first, more[0].layout.tokens_per_block, self.engine.warn)
         assert self.cache.ops is not None
         self.ops, self._pool, self._report = self.cache.ops, self.cache.pool, self.cache.report
         self._stop = self.ops.stop
@@ -184,6 +172,26 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
                              self._on_stored if self.events is not None else None, self._lookups.mark_miss,
                              deadline_s=self.config.read_deadline_s, stop=self._stop,
                              spare_readers=self.config.read_threads)
+
+    def _event_list(self, offloading_spec: "OffloadingSpec", tier_type: str) -> list[OffloadingEvent] | None:
+        """The list KV events collect in (None: this tier emits none)."""
+        if not self.config.enable_kv_events:
+            return None
+        if offloading_spec.kv_events_config.enable_kv_cache_events:
+            return []
+        logger.warning("enable_kv_events is set on tier '%s' but KV cache events are disabled globally; "
+                       "the tier will not emit events.", tier_type)
+        return None
+
+    def _chain_plans(self, offloading_spec: "OffloadingSpec", first: int, rope: str | None) -> list[RowPlan]:
+        """The token-chain scheme: plain-token chunks of the (one, pure MLA) group go to a second engine over the
+        same rows, named by SGLang's page chain in a namespace SGLang's backend computes too."""
+        if self.config.key_scheme != "token-chain":
+            return []
+        chain = token_chain_layout(offloading_spec, self.plans, self.facts, rope)
+        plan = self.plans[first]
+        self._ns_group[chain.namespace()] = first
+        return [RowPlan(chain, plan.slot_bytes, plan.runs, plan.order, plan.source, plan.shards)]
 
     def _provenance(self, offloading_spec: "OffloadingSpec") -> Provenance:
         """What every file this tier writes records of the deployment that wrote it."""
