@@ -359,15 +359,13 @@ class LRUIndex:
                 break
             if rel in self._pins or rel == keep or (not stuck and rel in self._stuck):
                 continue
-            size = self._drop_locked(rel)
-            if size is not None:
+            if (size := self._drop_locked(rel)) is not None:
                 out.append((rel, size))
                 excess -= size
         return excess
 
     def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
-        """The one victim loop of every policy: :meth:`_first_victims_locked`, cold files, :meth:`_order_locked`, then
-        stuck files as a last resort."""
+        """The one victim loop of every policy: first, cold, ordered (:meth:`_order_locked`), then stuck files."""
         bound = self.max_bytes if limit is None else limit
         if bound is None:
             return []
