@@ -2,10 +2,9 @@
 
 from .format import (
     ALIGNMENT, FORMAT_VERSION, MAX_HEADER_BYTES, MAX_LAYERS, MAX_PAYLOAD_BYTES, BlockHeader, BlockKey,
-    CanonicalLayout, Keyring, LayerSpec, Provenance, SealFields, SealKey, block_relpath, load_keyring, read_header,
-    verify_file,
+    CanonicalLayout, Keyring, LayerSpec, Provenance, SealFields, SealKey, __version__, block_relpath, load_keyring,
+    read_header, verify_file,
 )
-from ._version import __version__
 from .errors import KVFormatError
 
 # The file API that takes or gives tensors is kvformat.torch's (format/ takes buffers only), re-exported on first

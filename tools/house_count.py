@@ -51,6 +51,8 @@ def _imported(node: ast.AST, mod: str, is_pkg: bool) -> list[str]:
             target = ".".join(base + ([node.module] if node.module else []))
         else:
             target = node.module or ""
+        if node.module is None:  # `from . import _native`: the modules named, not the package's face
+            return [f"{target}.{a.name}" for a in node.names]
         out = [target]
         # `from kvformat.cache import _jobs` names a private module too.
         out += [f"{target}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import UsageError
-from ..format._paths import block_path_parts
+from ..format import block_path_parts
 from ..legacy import LegacyFile, find_namespaces, is_legacy_root
 from ._scan import find_store_root, namespace_dirs, not_a_root
 

@@ -21,11 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._files import iter_files
-from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
-from ..storage._safepath import unlink_in
+from ..format import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts, iter_files
+from ..storage import Store, StoreEntry, open_store, split_root, unlink_in
 from ..errors import PathEscapeError, UsageError
-from ..storage import Store, StoreEntry, open_store, split_root
 from ._scan import not_a_root
 
 __all__ = ["GcReport", "open_gc_root", "plan_gc", "run_gc"]

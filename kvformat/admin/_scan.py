@@ -14,18 +14,16 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..format._files import is_regular_file, iter_files, read_small_file
-from ..format._read import FileSource, read_header_from, read_payload_from, payload_buffer
-from ..format._seal import Keyring
-from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, block_path_parts
-from ..format._placement import placement_error
+from ..format import (
+    BLOCK_PATH_HELP, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, CanonicalLayout, FileSource, Keyring,
+    block_path_parts, is_regular_file, iter_files, layout_from_namespace_doc, payload_buffer, placement_error,
+    read_header_from, read_payload_from, read_small_file,
+)
 from ._scan_stats import NamespaceStats, ProgressSink, ScanResult, os_error_text, totals
 from ._scan_store import scan_store
-from ..format._spec import BlockHeader, CanonicalLayout, layout_from_namespace_doc
 from ..errors import KVFormatError, UnsafeFileError
-from ..legacy._rows import Ignored
-from ..storage import StoreEntry
-from ..storage._local import scan_entries
+from ..legacy import Ignored
+from ..storage import StoreEntry, scan_entries
 
 __all__ = ["ProgressSink", "NamespaceStats", "ScanResult", "namespace_dirs", "orphan_namespaces", "not_a_root",
            "scan_root", "scan_store", "quarantine_summary", "find_store_root", "os_error_text", "totals",

@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..format._spec import BlockHeader, CanonicalLayout
+from ..format import BlockHeader, CanonicalLayout
 from ..errors import KVFormatError
-from ..legacy._rows import Ignored
+from ..legacy import Ignored
 
 
 class ProgressSink(Protocol):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..format._paths import BLOCK_PATH_HELP, NAMESPACE_FILE, block_path_parts
-from ..format._placement import placement_error
-from ..format._seal import Keyring
+from ..format import (
+    BLOCK_PATH_HELP, NAMESPACE_FILE, BlockHeader, Keyring, block_path_parts, layout_from_namespace_doc,
+    placement_error,
+)
 from ._scan_stats import NamespaceStats, ProgressSink
-from ..format._spec import BlockHeader, layout_from_namespace_doc
 from ..errors import KVFormatError
 from ..storage import Store, StoreEntry
 

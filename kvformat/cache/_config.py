@@ -6,12 +6,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..format._consts import SEAL_LEVELS
-from ..format._keys import looks_like_key
-from ..format._sizes import format_size, parse_limit
+from ..format import SEAL_LEVELS, format_size, looks_like_key, parse_limit
 from ..errors import SchemaError, UsageError
-from ..storage import split_root
-from ..storage._options import check_storage_options
+from ..storage import check_storage_options, split_root
 from ._keyscheme import parse_key_scheme
 
 REPLICA_POLICIES = ("verify", "trust_rank0")

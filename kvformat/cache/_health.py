@@ -16,10 +16,8 @@ import os
 import threading
 
 from ..errors import RootUnusableError
-from ..format._paths import NAMESPACE_FILE
-from ..format._spec import CanonicalLayout
-from ..storage import Store
-from ..storage._probe import probe_store
+from ..format import NAMESPACE_FILE, CanonicalLayout
+from ..storage import Store, probe_store
 from ._log import CacheLog
 
 __all__ = ["OK", "DEGRADED", "LOST", "RootHealth", "unusable_root"]

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 
 from ..errors import SchemaError
-from ..format._spec import CanonicalLayout, LayerSpec
+from ..format import CanonicalLayout, LayerSpec
 
 __all__ = ["KEY_SCHEMES", "ENGINE", "TOKEN_CHAIN", "ROPE_STYLES", "page_chain", "chain_layer_name", "chain_layout",
            "parse_key_scheme"]

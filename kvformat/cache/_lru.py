@@ -158,15 +158,29 @@ class LRUIndex:
             return self._touch_locked(relpath)
 
     def _touch_locked(self, relpath: str) -> bool:
-        if relpath in self._hot:
-            self._hot.move_to_end(relpath)
+        """The one touch of every policy: the file moves to the end of :meth:`_touched_locked`'s segment."""
+        top = self._touched_locked()
+        if relpath in top:
+            top.move_to_end(relpath)
             return True
-        cold = self._cold.get(relpath)
-        if cold is None:
-            return False
-        self._hot[relpath] = cold[0]  # insert before deleting: see __contains__
-        del self._cold[relpath]  # its heap row goes stale and is skipped
+        size = self._hot.get(relpath) if top is not self._hot else None
+        if size is None:
+            cold = self._cold.get(relpath)
+            if cold is None:
+                return False
+            size = cold[0]
+        top[relpath] = size  # insert before deleting: see __contains__
+        if top is not self._hot:
+            self._hot.pop(relpath, None)
+        self._cold.pop(relpath, None)  # a cold file's heap row goes stale and is skipped
+        self._promoted_locked(size)
         return True
+
+    def _touched_locked(self) -> OrderedDict[str, int]:
+        return self._hot  # the segment a touched file moves to (SegmentedLRUIndex: its protected one)
+
+    def _promoted_locked(self, size: int) -> None:
+        """A file of ``size`` bytes moved into :meth:`_touched_locked`'s segment from another one."""
 
     def _drop_locked(self, relpath: str) -> int | None:
         self._stuck.discard(relpath)
@@ -273,11 +287,6 @@ class LRUIndex:
         with self._lock:
             return self._victims_locked(limit=limit)
 
-    def set_held(self, nbytes: int) -> None:
-        """Bytes still on storage that the index no longer lists (counted against the bound; see ``held``)."""
-        with self._lock:
-            self.held = nbytes
-
     def forget(self, relpaths: Iterable[str]) -> None:
         """The caller deleted these victims (or found them gone): they are no longer doomed."""
         with self._lock:
@@ -335,7 +344,28 @@ class LRUIndex:
         del self._hot[rel]
         self._used -= size
 
+    def _first_victims_locked(self) -> Iterable[str]:
+        return ()  # files evicted before any other (PrefixIndex: dead chunks); a copy, as the loop drops them
+
+    def _evicted_locked(self, victims: list[tuple[str, int]]) -> None:
+        """The victims one call of :meth:`_victims_locked` took out of the index (already doomed)."""
+
+    def _take_locked(self, rels: Iterable[str], excess: int, keep: str | None, out: list[tuple[str, int]],
+                     *, stuck: bool = False) -> int:
+        """Drop ``rels`` into ``out`` until ``excess`` bytes are freed (skipping pinned files, ``keep`` and unless
+        ``stuck`` stuck ones); returns the excess left."""
+        for rel in rels:
+            if excess <= 0:
+                break
+            if rel in self._pins or rel == keep or (not stuck and rel in self._stuck):
+                continue
+            if (size := self._drop_locked(rel)) is not None:
+                out.append((rel, size))
+                excess -= size
+        return excess
+
     def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
+        """The one victim loop of every policy: first, cold, ordered (:meth:`_order_locked`), then stuck files."""
         bound = self.max_bytes if limit is None else limit
         if bound is None:
             return []
@@ -343,6 +373,7 @@ class LRUIndex:
         if excess <= 0:
             return []
         out: list[tuple[str, int]] = []
+        excess = self._take_locked(self._first_victims_locked(), excess, keep, out)
         skipped: list[tuple[float, str]] = []
         while excess > 0 and self._heap:  # cold files first, oldest mtime first
             mtime, rel = heapq.heappop(self._heap)
@@ -373,18 +404,11 @@ class LRUIndex:
                 self._unlist_locked(rel, size)
             out += picked
         if excess > 0 and self._stuck:  # nothing else makes room: try the files whose delete failed again
-            for rel in sorted(self._stuck):
-                if excess <= 0:
-                    break
-                if rel in self._pins or rel == keep:
-                    continue
-                dropped = self._drop_locked(rel)
-                if dropped is not None:
-                    out.append((rel, dropped))
-                    excess -= dropped
+            self._take_locked(sorted(self._stuck), excess, keep, out, stuck=True)
         for rel, _ in out:
             self._doomed[rel] += 1
             self._mark_gone_locked(rel)
+        self._evicted_locked(out)
         return out
 
     # -- the start-up scan -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ..format._sizes import format_size
+from ..format import format_size
 from ..storage import Store, split_root
 from ._config import TierConfig
 from ._health import RootHealth

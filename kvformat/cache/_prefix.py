@@ -95,26 +95,9 @@ class PrefixIndex(LRUIndex):
                 for child in self._children.get(relpath, ()):
                     self._judge_locked(child)
 
-    def _victims_locked(self, keep: str | None = None, limit: int | None = None) -> list[tuple[str, int]]:
-        bound = self.max_bytes if limit is None else limit
-        if bound is None:
-            return []
-        excess = self._used + self._reserved + self.held - bound
-        out: list[tuple[str, int]] = []
-        if excess > 0 and self._dead:
-            for rel in list(self._dead):  # dead chunks first: their bytes buy no hit
-                if excess <= 0:
-                    break
-                if rel in self._pins or rel == keep or rel in self._stuck:
-                    continue
-                size = self._drop_locked(rel)
-                if size is not None:
-                    out.append((rel, size))
-                    excess -= size
-            for rel, _ in out:
-                self._doomed[rel] += 1
-                self._mark_gone_locked(rel)
-        rest = super()._victims_locked(keep=keep, limit=limit)
-        for rel, _ in rest:
+    def _first_victims_locked(self) -> list[str]:
+        return list(self._dead)  # dead chunks first: their bytes buy no hit
+
+    def _evicted_locked(self, victims: list[tuple[str, int]]) -> None:
+        for rel, _ in victims:
             self._gone_locked(rel)
-        return out + rest

@@ -18,15 +18,12 @@ import numpy as np
 from ..errors import (
     ChecksumError, DestinationError, KVFormatError, LayoutMismatchError, TagMismatchError, UnknownKeyError,
 )
-from ..format._block import encode_block
-from ..format._header import check_layout
-from ..format._paths import hash_relpath
-from ..format._seal import Keyring, key_for
-from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance
-from ..format._template import HeaderEncoder, HeaderTemplates
-from ..layout._rules import RowPlan
-from ..storage import Store
-from ..storage._base import REPLACED, Quarantined
+from ..format import (
+    BlockHeader, BlockKey, CanonicalLayout, HeaderEncoder, HeaderTemplates, Keyring, Provenance, check_layout,
+    encode_block, hash_relpath, key_for,
+)
+from ..layout import RowPlan
+from ..storage import REPLACED, Quarantined, Store
 from ._config import TierConfig
 from ._counters import Counters
 from ._health import RootHealth

@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import KVFormatError
-from ..format._spec import BlockKey
+from ..format import BlockKey
 from ._row_core import TOUCH_INTERVAL_S, RowCore
 
 

@@ -8,9 +8,7 @@ import time
 from typing import Any
 
 from ..errors import KVFormatError, ReplicaMismatchError
-from ..format._block import encode_block
-from ..format._native import xxh3_64
-from ..format._spec import BlockKey, Provenance
+from ..format import BlockKey, Provenance, encode_block, xxh3_64
 from ._row_core import EXISTS, FAILED, REFUSED, REPLICA_MISMATCH, STORE_ATTEMPTS, WRITTEN, RowCore
 from .shared import Bound
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..format._spec import CanonicalLayout
+from ..format import CanonicalLayout
 from ..storage import Store
 from ._log import CacheLog
 from ._lru import LRUIndex

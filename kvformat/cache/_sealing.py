@@ -10,9 +10,8 @@ import os
 import stat
 from typing import TypeVar
 
-from ..format._keys import ENV_PREFIX, load_key
-from ..format._seal import Keyring
-from ..layout._types import RowPlan
+from ..format import ENV_PREFIX, Keyring, load_key
+from ..layout import RowPlan
 from ..errors import KeySourceError, SchemaError
 from ._config import TierConfig
 

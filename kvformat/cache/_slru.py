@@ -62,22 +62,12 @@ class SegmentedLRUIndex(LRUIndex):
         return self._prot_bytes
 
     # -- the segments ------------------------------------------------------------------------------------
-    def _touch_locked(self, relpath: str) -> bool:
-        if relpath in self._prot:
-            self._prot.move_to_end(relpath)
-            return True
-        size = self._hot.get(relpath)
-        if size is None:
-            cold = self._cold.get(relpath)
-            if cold is None:
-                return False
-            size = cold[0]
-        self._prot[relpath] = size  # insert before deleting: see __contains__
-        self._hot.pop(relpath, None)
-        self._cold.pop(relpath, None)  # a cold file's heap row goes stale and is skipped
+    def _touched_locked(self) -> OrderedDict[str, int]:
+        return self._prot
+
+    def _promoted_locked(self, size: int) -> None:
         self._prot_bytes += size
         self._demote_locked()
-        return True
 
     def _demote_locked(self) -> None:
         if self.max_bytes is None:

@@ -110,7 +110,7 @@ def _keyring(a: argparse.Namespace) -> Any:
     """The keyring of the --key sources given (None without any); KeySourceError (exit 2) names a bad source."""
     if not a.keys:
         return None
-    from ..format._keys import load_keyring
+    from ..format import load_keyring
 
     return load_keyring(a.keys[0], a.keys[1:])
 
@@ -213,7 +213,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_compact(a: argparse.Namespace) -> int:
-    from ..legacy._compact import check_destination, compact
+    from ..legacy import check_destination, compact
     from ._compact import summary_lines
 
     if not os.path.isdir(a.src):
@@ -244,7 +244,7 @@ def _cmd_compact(a: argparse.Namespace) -> int:
 
 
 def _compact_sglang(a: argparse.Namespace) -> int:
-    from ..sglang._filetree import compact_sglang
+    from ..sglang import compact_sglang
 
     missing = [f"--{n.replace('_', '-')}" for n in ("model", "n_layers", "page_size", "host_layout")
                if getattr(a, n) is None]
@@ -266,7 +266,7 @@ def _compact_sglang(a: argparse.Namespace) -> int:
 
 
 def _cmd_gc(a: argparse.Namespace) -> int:
-    from ..admin._gc import open_gc_root, run_gc
+    from ..admin import open_gc_root, run_gc
 
     if a.max_bytes is None and not a.quarantine:
         raise UsageError("nothing to do: give --max-bytes SIZE, --quarantine, or both")

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "  kvformat compact /vllm-fs-cache /cache -j 2  # vLLM fs-tier rows -> kvformat files\n"
                        "  kvformat gc /cache --max-bytes 500GiB        # evict least recently used files\n\n"
                        + _SIZES))
-    from .._version import __version__
+    from ..format import __version__
 
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..legacy._compact import CompactReport
+from ..legacy import CompactReport
 from ._util import human, shown
 
 

@@ -20,15 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..format._consts import round_up
-from ..format._paths import block_relpath, hash_relpath
-from ..format._spec import BlockKey, CanonicalLayout
+from ..format import BlockKey, CanonicalLayout, block_relpath, hash_relpath, round_up
 from ..errors import ChecksumError, UsageError
-from ..legacy._rows import ROW_ALIGN, legacy_fields, write_legacy_row
+from ..legacy import ROW_ALIGN, compact, legacy_fields, write_legacy_row
 from ..storage import Store, open_store
-from ..legacy._compact import compact
 from ._compact import summary_lines
-from ..admin._scan import find_store_root, scan_root
+from ..admin import find_store_root, scan_root
 from ._inspect import inspect_file, inspect_legacy, inspect_root, render_file, render_root
 from ._util import human
 

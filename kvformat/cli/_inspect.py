@@ -6,18 +6,12 @@ import os
 from collections import Counter
 from typing import Any, Callable
 
-from ..format._files import read_row
-from ..format._io import read_header, verify_file
-from ..format._seal import Keyring
-from ..format._spec import BlockHeader
+from ..format import BlockHeader, Keyring, read_header, read_row, verify_file
 from ..errors import KVFormatError, LegacyLayoutError, ReplicaMismatchError, TagMismatchError, UnknownKeyError
-from ..legacy._rows import (
+from ..legacy import (
     Ignored, LegacyFile, LegacyNamespace, extract_payload, find_namespaces, infer_row, iter_legacy_files,
 )
-from ..admin._scan import (
-    ProgressSink, find_store_root, os_error_text, quarantine_summary,
-    scan_root, totals,
-)
+from ..admin import ProgressSink, find_store_root, os_error_text, quarantine_summary, scan_root, totals
 from ._util import UsageError, human, iso, shown, table
 
 
@@ -193,7 +187,7 @@ def inspect_legacy(root: str, *, verify: bool = False, page_bytes: int | None = 
                             d["unreadable"].append({"path": f.path, "error": os_error_text(e)})
                         if progress is not None:
                             progress.update(f.size)
-                from ..legacy._compact import output_header_bytes
+                from ..legacy import output_header_bytes
 
                 per = output_header_bytes(row, ok[0]) + row.layout.payload_bytes if ok else 0
                 d["tp_sizes"] = [row.copies] if row.kind == "per_worker" else [ns.parallel()["tp"]]
@@ -280,8 +274,8 @@ def render_root(d: dict[str, Any]) -> str:
 def inspect_legacy_file(ns: Any, f: LegacyFile, *, verify: bool = True,
                         page_bytes: int | None = None) -> dict[str, Any]:
     """Row layout of one legacy file, its replica status and the kvformat file it compacts to."""
-    from ..format._paths import block_relpath
-    from ..legacy._rows import key_for
+    from ..format import block_relpath
+    from ..legacy import key_for
 
     out: dict[str, Any] = {"kind": "legacy_file", "path": f.path, "namespace": ns.base, "group": f.group,
                            "hash": f.hash, "bytes": f.size, "mtime": f.mtime, "model": ns.model, "kv_dtype": ns.dtype,

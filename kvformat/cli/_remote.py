@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, block_path_parts
-from ..format._seal import Keyring
+from ..format import FILE_SUFFIX, NAMESPACE_FILE, Keyring, block_path_parts
 from ..errors import KVFormatError, UnknownKeyError
 from ..storage import Store, join_root, open_store, split_root
-from ..admin._scan import ProgressSink, scan_store, totals
-from ..admin._scan_store import placed
+from ..admin import ProgressSink, placed, scan_store, totals
 from ._inspect import NOT_OUR_KEY, file_view
 from ._util import UsageError, note_quarantine
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from ..format._sizes import format_size, parse_limit, parse_size
+from ..format import format_size, parse_limit, parse_size
 from ..errors import UsageError
-from ..storage._base import REPLACED, Quarantined
+from ..storage import REPLACED, Quarantined
 
 __all__ = [
     "note_quarantine",

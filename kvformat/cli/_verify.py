@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..format._seal import Keyring
+from ..format import Keyring
 from ..errors import KVFormatError, UnknownKeyError
 from ..storage import LocalStore, split_root
-from ..admin import PathTarget, classify_path
-from ..admin._scan import ProgressSink, check_block_file, os_error_text, scan_root
+from ..admin import PathTarget, ProgressSink, check_block_file, classify_path, os_error_text, scan_root
 from ._inspect import NOT_OUR_KEY, inspect_legacy, inspect_legacy_file
 from ._util import note_quarantine
 

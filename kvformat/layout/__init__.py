@@ -12,10 +12,14 @@ from ._rules import (
     RowPlan, Shard, cp_canonical_token, formula_layer, plan_groups, pp_stage_names, role_from_name,
     stage_layer_facts,
 )
-from ._sublayout import PLATFORMS, SubLayout, describe, token_runs
+from ._sublayout import PLATFORMS, SubLayout, canonical, describe, platform_dependent, token_runs
+from ._types import page_runs
 
 __all__ = [
     "ROLE_MLA", "ROLE_INDEXER", "ROLE_OPAQUE", "PACKED_DTYPES", "LayerFacts", "GroupFacts", "DeploymentFacts",
     "RowPlan", "Shard", "ParallelFacts", "plan_groups", "role_from_name", "formula_layer", "cp_canonical_token",
     "pp_stage_names", "stage_layer_facts", "PLATFORMS", "SubLayout", "describe", "token_runs",
 ]
+
+# Used by other kvformat packages, which import this face, never its private modules (issue 44).
+__all__ += ["canonical", "page_runs", "platform_dependent"]

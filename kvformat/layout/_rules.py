@@ -34,7 +34,7 @@ from ._types import (
     ParallelFacts, RowPlan, Run, Shard, _coalesce, _family, _layout, cp_canonical_token, form_pins, layer_forms,
     page_runs, role_from_name,
 )
-from ..format._spec import OPAQUE_LAYER, LayerSpec, st_dtype_for
+from ..format import OPAQUE_LAYER, LayerSpec, st_dtype_for
 from ..errors import SchemaError
 
 __all__ = [

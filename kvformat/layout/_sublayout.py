@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import SchemaError
-from ..format._consts import FORM_ORDERS, FORM_PIN, FORM_UNKNOWN
+from ..format import FORM_ORDERS, FORM_PIN, FORM_UNKNOWN
 
 __all__ = [
     "PLATFORMS", "SubLayout", "canonical", "describe", "identity_pins", "token_runs", "encoding_of",

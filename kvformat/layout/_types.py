@@ -10,8 +10,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from ..format._native import copy_runs
-from ..format._spec import CanonicalLayout, LayerSpec
+from ..format import CanonicalLayout, LayerSpec, copy_runs
 from ..errors import SchemaError
 from ._sublayout import SubLayout, canonical, describe, identity_pins, token_runs
 

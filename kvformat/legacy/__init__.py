@@ -6,10 +6,10 @@ file: TP, PP and DCP rows, replica checks), ``_convert`` (one legacy file -> one
 ``_compact`` (the whole-tree job and its report).
 """
 
-from ._compact import CompactReport, check_destination, compact
+from ._compact import CompactReport, check_destination, compact, output_header_bytes
 from ._rows import (
     ROW_ALIGN, Ignored, LegacyFile, LegacyNamespace, RowLayout, extract_payload, find_namespaces, infer_row,
-    is_legacy_root, iter_legacy_files, legacy_fields, legacy_paths, write_legacy_row,
+    is_legacy_root, iter_legacy_files, key_for, legacy_fields, legacy_paths, write_legacy_row,
 )
 
 __all__ = [
@@ -17,3 +17,6 @@ __all__ = [
     "iter_legacy_files", "infer_row", "extract_payload", "legacy_fields", "legacy_paths", "write_legacy_row",
     "compact", "check_destination", "CompactReport",
 ]
+
+# Used by other kvformat packages, which import this face, never its private modules (issue 44).
+__all__ += ["key_for", "output_header_bytes"]

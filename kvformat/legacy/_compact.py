@@ -21,10 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._convert import WRITER, Converter, FileResult, Task
-from ..format._header import encode_header
-from ..format._seal import Keyring
-from ..format._spec import SealFields
-from ..format._paths import NAMESPACE_FILE, block_relpath
+from ..format import NAMESPACE_FILE, Keyring, SealFields, block_relpath, encode_header
 from ..errors import LegacyLayoutError, UsageError
 from ._rows import (
     Ignored, LegacyFile, LegacyNamespace, RowLayout, find_namespaces, infer_row, iter_legacy_files,

@@ -15,13 +15,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .._version import __version__
-from ..format._files import read_exact
-from ..format._seal import Keyring
+from ..format import Keyring, __version__, read_exact
 from ..errors import KVFormatError, ReplicaMismatchError
 from ._rows import LegacyFile, RowLayout, extract_payload, key_for, provenance_for
-from ..storage import Store
-from ..storage._safepath import MOVED as UNLINKED, open_in, unlink_in
+from ..storage import MOVED as UNLINKED, Store, open_in, unlink_in
 
 WRITER = f"kvformat-compact {__version__}"  # fixed: outputs must not depend on when/where they were made
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)

@@ -27,19 +27,16 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from ..format._consts import round_up
-from ..format._header import xxh3_hex
+from ..format import BlockKey, CanonicalLayout, Provenance, round_up, xxh3_hex
 from ._tree import (
     CONFIG_FILE, Ignored, LegacyFile, LegacyNamespace, find_namespaces, is_legacy_root, iter_legacy_files,
     legacy_fields, legacy_paths, write_legacy_row,
 )
-from ..format._spec import BlockKey, CanonicalLayout, Provenance
 from ..errors import LegacyLayoutError, ReplicaMismatchError, SchemaError
-from ..layout._rules import (
-    DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer, plan_groups, pp_stage_names,
-    stage_layer_facts,
+from ..layout import (
+    PLATFORMS, DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer, plan_groups,
+    platform_dependent, pp_stage_names, stage_layer_facts,
 )
-from ..layout._sublayout import PLATFORMS, platform_dependent
 
 __all__ = [
     "ROW_ALIGN", "LegacyNamespace", "LegacyFile", "RowLayout", "Ignored", "find_namespaces", "is_legacy_root",

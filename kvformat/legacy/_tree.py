@@ -20,8 +20,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..format._files import is_regular_file, read_small_file
-from ..format._write import write_atomic
+from ..format import is_regular_file, read_small_file, write_atomic
 from ..errors import LegacyLayoutError, UnsafeFileError
 
 __all__ = [

@@ -9,6 +9,7 @@ sglang``). ``KVFormatHiCache`` is imported on first use, so the converter and th
 from typing import Any
 
 from ._facts import HOST_LAYOUTS, PageFacts, page_facts, page_plan
+from ._filetree import compact_sglang
 
 __all__ = ["KVFormatHiCache", "HOST_LAYOUTS", "PageFacts", "page_facts", "page_plan"]
 
@@ -20,3 +21,6 @@ def __getattr__(name: str) -> Any:
 
         return KVFormatHiCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+# Used by other kvformat packages, which import this face, never its private modules (issue 44).
+__all__ += ["compact_sglang"]

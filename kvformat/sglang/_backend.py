@@ -31,16 +31,9 @@ except ImportError as _e:
 
 import torch
 
-from .._version import __version__
-from ..cache._config import TierConfig
-from ..cache._jobs import CounterReport, shutdown_bounded
-from ..cache._log import CacheLog
-from ..cache._lru import LRUIndex
-from ..cache._ops import RootOps
-from ..cache._pool import DualPool
-from ..cache._rows import EXISTS, WRITTEN, RowEngine
+from ..format import Provenance, __version__
+from ..cache import EXISTS, WRITTEN, CacheLog, RootOps, RowEngine, TierConfig, open_cache, shutdown_bounded
 from ..errors import SchemaError
-from ..format._spec import Provenance
 from ..storage import open_store, split_root
 from ._facts import PageFacts, page_facts, page_plan
 
@@ -138,28 +131,21 @@ class KVFormatHiCache(HiCacheStorage):
             plan, stride, interleaved = page_plan(facts, layout)
             flat = _host_bytes(pool)
             _check_placement(pool, facts, stride, flat)
-            # One writer per TP group (SGLang's is_storage_writer) bounds and scans the root; the other ranks
-            # only read, and never evict what the writer accounts for.
-            self.index = LRUIndex(self.config.max_bytes if facts.writer else None)
+            # One writer per TP group (SGLang's is_storage_writer) bounds and scans the root (the same root-level
+            # side as the vLLM tier: probe, raising naming the parameter, the shared root's bound with every other
+            # engine on it, health watch, scan, summary line); the other ranks only read, and never evict what the
+            # writer accounts for.
             prov = Provenance(tp=max(1, facts.tp_size), row="replicated",
                               writer=f"kvformat {__version__} (sglang {facts.host_layout})")
-            eng = RowEngine(self.store, plan, flat, stride, 1, self.config, prov, self.index, _no_events,
-                            interleaved=interleaved)
-            self._flat = flat
-            self._io = DualPool(self.config.read_threads, self.config.write_threads, name="kvformat_hicache")
-            self._report = CounterReport(eng.counters, self.index)
-            if facts.writer:
-                # The same root-level side as the vLLM tier: probe (raises naming the parameter), the shared
-                # root's bound with every other engine on it, health watch, scan, summary line.
-                log = CacheLog(logger, prefix=f"kvformat hicache {facts.host_layout}")
-                self.ops = RootOps(self.store, self.config, self.index, [eng], log,
-                                   describe=f"SGLang {facts.host_layout} pages of {facts.page_tokens} tokens, "
-                                            f"namespace {layout.namespace()} ({self.config.key_scheme} keys)")
-                try:
-                    self.ops.start()
-                except BaseException:
-                    eng.close()
-                    raise
+            self.cache = open_cache(self.config, self.store, {0: plan}, flat, stride=stride, copies=1,
+                                    provenance=prov, on_removed=_no_events, interleaved=interleaved,
+                                    root_log=CacheLog(logger, prefix=f"kvformat hicache {facts.host_layout}")
+                                    if facts.writer else None, pool_name="kvformat_hicache",
+                                    describe=f"SGLang {facts.host_layout} pages of {facts.page_tokens} tokens, "
+                                             f"namespace {layout.namespace()} ({self.config.key_scheme} keys)")
+            eng, self.index, self.ops = self.cache.engine, self.cache.index, self.cache.ops
+            self._flat, self._io, self._report = flat, self.cache.pool, self.cache.report
+            if self.ops is not None:
                 self._stop = self.ops.stop
             else:
                 self._scan = threading.Thread(target=_nothing, args=(self._stop,), name="kvformat_hicache_scan",

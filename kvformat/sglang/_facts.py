@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..cache._keyscheme import ENGINE, ROPE_STYLES, TOKEN_CHAIN, chain_layer_name, chain_layout
+from ..cache import ENGINE, ROPE_STYLES, TOKEN_CHAIN, chain_layer_name, chain_layout
 from ..errors import SchemaError
-from ..format._spec import CanonicalLayout, LayerSpec
-from ..layout._types import RowPlan
+from ..format import CanonicalLayout, LayerSpec
+from ..layout import RowPlan
 
 __all__ = ["HOST_LAYOUTS", "PageFacts", "page_facts", "page_plan"]
 

@@ -17,12 +17,10 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from .._version import __version__
-from ..cache._keyscheme import ENGINE
+from ..format import BlockKey, Provenance, __version__
+from ..cache import ENGINE
 from ..errors import PathEscapeError, SchemaError
-from ..format._spec import BlockKey, Provenance
-from ..storage import open_store
-from ..storage._safepath import MOVED, open_in, unlink_in
+from ..storage import MOVED, open_in, open_store, unlink_in
 from ._facts import _ITEM, _ST, HOST_LAYOUTS, PageFacts, page_plan
 
 __all__ = ["SGLangCompactReport", "compact_sglang"]

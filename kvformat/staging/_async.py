@@ -37,7 +37,7 @@ from ._verify import check_verify, device_check
 if TYPE_CHECKING:
     import torch
 
-    from ..format._spec import BlockKey
+    from ..format import BlockKey
     from ..storage import Store
     from ._stager import Stager
 
@@ -130,7 +130,7 @@ class AsyncStager:
         """
         import torch
 
-        from ..format._paths import block_relpath
+        from ..format import block_relpath
 
         st = self.st
         on_device = check_verify(verify)

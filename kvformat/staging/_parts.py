@@ -15,7 +15,7 @@ from ._cuda import after_compute, on_stream, sync_point
 if TYPE_CHECKING:
     import torch
 
-    from ..format._spec import CanonicalLayout
+    from ..format import CanonicalLayout
     from ._placement import RankPlacement
     from ._row import SharedRow
 
@@ -32,8 +32,7 @@ def _layer_part_runs(layout: "CanonicalLayout", i: int, pl: "RankPlacement | Non
     kvformat.layout page_runs over the layer's sub-layouts and vLLM's DCP token map)."""
     import numpy as np
 
-    from ..layout._types import cp_canonical_token, page_runs
-    from ..layout._sublayout import canonical, describe
+    from ..layout import canonical, cp_canonical_token, describe, page_runs
 
     lay = layout.layers[i]
     dcp, inter = (pl.dcp, pl.interleave) if pl is not None else (1, 1)
@@ -93,7 +92,7 @@ class PartCopies:
 
     def _copy_out_part(self, ids: list[int], chunk: int) -> None:
         """This rank's part into the slot: its layers, its DCP rank's tokens at their logical positions."""
-        from ..format._native import copy_runs
+        from ..format import copy_runs
 
         slot = _bytes_of(self.row.slot(chunk))
         n = len(ids)
@@ -149,7 +148,7 @@ class PartCopies:
         """This rank's part of the slot into its KV: copied out first, used only if the slot did not change."""
         import torch
 
-        from ..format._native import copy_runs
+        from ..format import copy_runs
 
         slot = _bytes_of(self.row.slot(chunk))
         n = len(ids)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout._types import cp_canonical_token
-from ..format._spec import CanonicalLayout
+from ..layout import cp_canonical_token
+from ..format import CanonicalLayout
 from ..errors import StagingError
 
 __all__ = ["RankPlacement"]

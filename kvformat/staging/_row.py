@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..format._consts import ALIGNMENT, round_up
+from ..format import ALIGNMENT, round_up
 from ..errors import StagingConflictError, StagingError, StagingTimeoutError
 from ._cuda import pin_host, unpin_host
 from ._shm import (

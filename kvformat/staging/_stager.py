@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..format._paths import block_relpath
-from ..format._spec import BlockKey, CanonicalLayout, Provenance
+from ..format import BlockKey, CanonicalLayout, Provenance, block_relpath
 from ..errors import LayoutMismatchError, StagingConflictError, StagingError
 from ._cuda import after_compute, on_stream, sync_point
 from ._parts import PartCopies
@@ -414,7 +413,7 @@ def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _writer_name() -> str:
-    from .._version import __version__
+    from ..format import __version__
 
     return f"kvformat {__version__} staging"
 

@@ -19,7 +19,7 @@ from ._xxh3_device import xxh3_64_device
 if TYPE_CHECKING:
     import torch
 
-    from ..format._spec import BlockHeader
+    from ..format import BlockHeader
 
 __all__ = ["DEVICE", "device_check", "check_verify"]
 

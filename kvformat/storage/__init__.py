@@ -10,11 +10,17 @@ deadlines, retries, error translation), ``_redact`` (credentials out of reprs, l
 URL). The conformance suite every backend passes is ``kvformat.testing.StoreTests``.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._base import Quarantined, Store, StoreEntry
-from ._local import LocalStore
+from ._base import REPLACED, Quarantined, Store, StoreEntry
+from ._local import LocalStore, scan_entries
+from ._options import check_storage_options
+from ._probe import probe_store
 from ._root import join_root, split_root
+from ._safepath import MOVED, open_in, unlink_in
+
+if TYPE_CHECKING:  # imported on first use: fsspec is needed only for URL roots
+    from ._fsspec import FsspecStore
 
 
 def open_store(root: str, **storage_options: Any) -> Store:
@@ -38,3 +44,16 @@ def open_store(root: str, **storage_options: Any) -> Store:
 
 
 __all__ = ["Store", "StoreEntry", "Quarantined", "LocalStore", "open_store", "split_root", "join_root"]
+
+# Used by other kvformat packages, which import this face, never its private modules (issue 44).
+__all__ += [
+    "MOVED", "REPLACED", "FsspecStore", "check_storage_options", "open_in", "probe_store", "scan_entries", "unlink_in",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FsspecStore":
+        from ._fsspec import FsspecStore
+
+        return FsspecStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

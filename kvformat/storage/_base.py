@@ -24,12 +24,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..format._block import as_bytes_view, encode
-from ..format._read import BytesSource, FileId, FileSource, read_header_from, read_payload_from
-from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, block_relpath
-from ..format._seal import Keyring
-from ..format._spec import BlockHeader, BlockKey, CanonicalLayout, Provenance, namespace_doc
-from ..format._template import HeaderTemplates
+from ..format import (
+    FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, BlockHeader, BlockKey, BytesSource, CanonicalLayout, FileId,
+    FileSource, HeaderTemplates, Keyring, Provenance, as_bytes_view, block_relpath, encode, namespace_doc,
+    read_header_from, read_payload_from,
+)
 from ..errors import KVFormatError
 
 

@@ -27,10 +27,7 @@ import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..format._native import xxh3_64
-from ..format._read import BytesSource, FileId
-from ..format._write import TMP_PREFIX
-from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from ..format import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR, TMP_PREFIX, BytesSource, FileId, xxh3_64
 from ._base import GONE, MOVED, REPLACED, Store, StoreEntry
 from ._batch import BatchRunner
 from ._exists import ExistsCache

@@ -11,9 +11,7 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from ..format._header import header_length
-from ..format._read import FIRST_READ, BytesSource
-from ..format._write import temp_name
+from ..format import FIRST_READ, BytesSource, header_length, temp_name
 from ..errors import KVFormatError
 from ._s3 import _precondition_failed, s3_get, s3_head
 

@@ -11,14 +11,11 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from ..format._files import iter_files
-from ..format._fused import read_into_fused, write_block_fused
-from ..format._spec import BlockHeader, BlockKey, CanonicalLayout
-from ..format._seal import Keyring
-from ..format._template import HeaderTemplates
-from ..format._read import _O_DIRECT, FileId, FileSource
-from ..format._write import TMP_PREFIX, temp_writer_gone, write_atomic
-from ..format._paths import FILE_SUFFIX, NAMESPACE_FILE, QUARANTINE_DIR
+from ..format import (
+    FILE_SUFFIX, NAMESPACE_FILE, O_DIRECT as _O_DIRECT, QUARANTINE_DIR, TMP_PREFIX, BlockHeader, BlockKey,
+    CanonicalLayout, FileId, FileSource, HeaderTemplates, Keyring, iter_files, read_into_fused, temp_writer_gone,
+    write_atomic, write_block_fused,
+)
 from ._safepath import GONE as GONE_OUT, MOVED as MOVED_OUT, link_in, rename_in, unlink_in
 from ..errors import KVFormatError, PathEscapeError
 from ._base import GONE, MOVED, REPLACED, Store, StoreEntry

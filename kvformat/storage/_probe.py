@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from ..format._paths import CONTROL_DIR
-from ..format._write import host_tag
+from ..format import CONTROL_DIR, host_tag
 from ._base import Store
 
 __all__ = ["PROBE_DIR", "PROBE_TIMEOUT_S", "probe_store"]

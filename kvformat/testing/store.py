@@ -19,11 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ..format import _block as _format
-from ..format._header import encode_header, xxh3_hex
-from ..format._write import TMP_PREFIX
-from ..format._paths import block_relpath
-from ..format._spec import BlockKey, CanonicalLayout
+from .. import format as _format
+from ..format import TMP_PREFIX, BlockKey, CanonicalLayout, block_relpath, encode_header, xxh3_hex
 from ..errors import (
     ChecksumError, CodecError, KVFormatError, LayoutMismatchError, TagMismatchError, TruncatedError, UnknownKeyError,
 )
@@ -203,7 +200,7 @@ class StoreTests:
     def test_sealed(self, store: Store, level: str) -> None:
         """Spec §12 on this backend: a sealed block round-trips with its key; without it nothing is delivered;
         bytes altered with the checksums recomputed (what anyone can do) fail the tag and are zeroed."""
-        from ..format._seal import Keyring
+        from ..format import Keyring
 
         keys = Keyring.of([hashlib.sha256(b"store-tests seal key").digest()])
         L = layout().with_seal(level)
@@ -368,8 +365,8 @@ class StoreTests:
         assert store.cleanup_temp(older_than_s=0) == 1 and not self.raw_exists(store, tmp)
 
     def test_list_dir_and_probe(self, store: Store) -> None:
-        # The small control directories of a shared root (cache/shared/) and the start-up probe of a tier.
-        from ..storage._probe import probe_store
+        # The small control directories of a shared root (cache/_shared.py) and the start-up probe of a tier.
+        from ..storage import probe_store
 
         assert store.list_dir(".kvformat/engines") == []
         store.put(".kvformat/engines/a.json", [b"{}"], overwrite=True)

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import re
 
-from ..cache._keyscheme import ROPE_STYLES, chain_layout
-from ..format._spec import CanonicalLayout
+from ..cache import ROPE_STYLES, chain_layout
+from ..format import CanonicalLayout
 from ..errors import SchemaError
-from ..layout._rules import (
+from ..layout import (
     ROLE_INDEXER, ROLE_MLA, DeploymentFacts, GroupFacts, LayerFacts, ParallelFacts, RowPlan, formula_layer,
     plan_groups, pp_stage_names, role_from_name, stage_layer_facts,
 )

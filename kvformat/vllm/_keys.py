@@ -14,10 +14,8 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
-from ..cache._jobs import Job
-from ..cache._lru import LRUIndex
-from ..cache._rows import RowEngine
-from ..format._paths import block_path_parts
+from ..cache import Job, LRUIndex, RowEngine
+from ..format import block_path_parts
 from ._tokens import TokenNames
 
 # vLLM 0.34 added ``req_context`` to OffloadingEvent (0.33's tracker takes request data from the scheduler

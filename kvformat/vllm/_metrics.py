@@ -12,8 +12,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingGaugeMetadata, OffloadingMetricMetadata
 
-from ..cache._jobs import CounterReport
-from ..cache._ops import RootOps
+from ..cache import CounterReport, RootOps
 from ._compat import TIER_LABEL
 
 METRIC_PREFIX = "vllm:kv_offload_kvformat_"

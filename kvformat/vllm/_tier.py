@@ -26,6 +26,7 @@ vLLM is imported only by kvformat.vllm: this module (vLLM's calls), ``_keys`` (w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -42,22 +43,15 @@ from vllm.v1.kv_offload.tiering.base import (
     JobResult, RequestOffloadingContext, ScheduleEndContext, SecondaryTierManager, TransferJob,
 )
 
-from .._version import __version__
-from ..format._spec import Provenance
-from ..layout._types import RowPlan
+from ..format import Provenance, __version__
+from ..layout import RowPlan
 from ._facts import deployment_facts, derive_layout, derive_plans, token_chain_layout
 from ._keys import Lookups, TierKeys
 from ._metrics import METRIC_PREFIX, connector_stats, metric_definitions, tier_label
 from ._tokens import TokenNames
-from ..cache._config import TierConfig
-from ..cache._health import unusable_root
-from ..cache._log import CacheLog
-from ..cache._lru import LRUIndex
-from ..cache._ops import RootOps
-from ..cache._pool import DualPool
-from ..cache._jobs import CounterReport, JobBook, shutdown_bounded
-from ..cache._rows import RowEngine
-from ..cache._sealing import sealed_plans
+from ..cache import (
+    CacheLog, JobBook, TierConfig, open_cache, sealed_plans, shutdown_bounded, unusable_root,
+)
 from ..errors import SchemaError
 from ..storage import Store, open_store, split_root
 
@@ -68,6 +62,8 @@ if TYPE_CHECKING:
 # A child of vLLM's "vllm" logger: the handlers, format and level vLLM configures (VLLM_LOGGING_LEVEL,
 # VLLM_LOGGING_CONFIG_PATH, --logging-config) apply to kvformat's lines as to vLLM's own.
 logger = logging.getLogger("vllm.kvformat")
+# The tier dict's cache parameters: TierConfig's fields but the root (docs/vllm.md has the table).
+_PARAMS = frozenset(f.name for f in dataclasses.fields(TierConfig)) - {"root"}
 
 
 class KVFormatTier(TierKeys, SecondaryTierManager):
@@ -119,29 +115,18 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         return metric_definitions()
 
     def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str, root: str,
-                 read_threads: int = 8, write_threads: int = 8, compression: str = "none",
-                 compression_level: int | None = None, verify: bool = True, max_bytes: int | str | None = None,
-                 o_direct: str = "off", fsync: bool = False, replica_policy: str = "verify",
-                 model_revision: str | None = None, storage_options: dict[str, Any] | None = None,
-                 enable_kv_events: bool = False, locality: str | None = None, start_degraded: bool = False,
-                 shared_allowance: int | str | None = None, shared_interval_s: float = 1.0, seal: str = "off",
-                 seal_key: str | None = None, seal_read_keys: list[str] | None = None, key_scheme: str = "engine",
-                 rope: str | None = None, read_deadline_s: float = 10.0,
-                 backpressure_detector: "BackpressureDetector | None" = None) -> None:
+                 rope: str | None = None, backpressure_detector: "BackpressureDetector | None" = None,
+                 **params: Any) -> None:
+        # vLLM passes the tier dict's keys as keywords (its factory): the cache's parameters are checked in one go.
+        unknown = sorted(set(params) - _PARAMS)
+        if unknown:
+            raise TypeError(f"KVFormatTier got an unexpected keyword argument {unknown[0]!r}")
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.config = TierConfig.parse(root, read_threads=read_threads, write_threads=write_threads,
-                                       compression=compression, compression_level=compression_level, verify=verify,
-                                       max_bytes=max_bytes, o_direct=o_direct, fsync=fsync,
-                                       replica_policy=replica_policy, model_revision=model_revision,
-                                       storage_options=storage_options, enable_kv_events=enable_kv_events,
-                                       locality=locality, start_degraded=start_degraded,
-                                       shared_allowance=shared_allowance, shared_interval_s=shared_interval_s,
-                                       seal=seal, seal_key=seal_key, seal_read_keys=seal_read_keys,
-                                       key_scheme=key_scheme, read_deadline_s=read_deadline_s)
+        self.config = TierConfig.parse(root, **params)
         self.tier_label = tier_label(offloading_spec, tier_type, root)
         self.log = CacheLog(logger, prefix=f"kvformat tier {self.tier_label}")
-        self.locality = Locality(locality) if locality is not None else None
-        self.plans, self.facts = derive_plans(offloading_spec, model_revision)
+        self.locality = Locality(self.config.locality) if self.config.locality is not None else None
+        self.plans, self.facts = derive_plans(offloading_spec, self.config.model_revision)
         self.plans = sealed_plans(self.plans, self.config)  # the namespace says how files are sealed
         self.copies, self.row_kind = self.facts.copies, self.facts.row
         if self.config.replica_policy == "trust_rank0" and self.copies > 1 and not self.facts.replicated_kv_known:
@@ -152,69 +137,70 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         self.namespace = self.layout.namespace()
         self._ns_group = {p.layout.namespace(): g for g, p in self.plans.items()}
         self.store = self._open_store(root)
-        self.events: list[OffloadingEvent] | None = None
-        if enable_kv_events:
-            if offloading_spec.kv_events_config.enable_kv_cache_events:
-                self.events = []
-            else:
-                logger.warning("enable_kv_events is set on tier '%s' but KV cache events are disabled globally; "
-                               "the tier will not emit events.", tier_type)
+        self.events = self._event_list(offloading_spec, tier_type)
         self._events_lock = threading.Lock()
         # This tier evicts and announces it, so vLLM's event tracker must count it as a holder of each
         # chunk it stored (a residency of its own, keyed by medium + ownership): the tracker then keeps the
         # chunk's block hashes after the CPU tier drops it and expands this tier's removals to them.
         self._event_owner: dict[str, Any] = {"ownership": tier_type, "removal_expected": True}
-        par = offloading_spec.config.parallel
-        pf = self.facts.parallel
-        prov = Provenance(tp=max(1, par.tp_size), pp=max(1, par.pp_size), dcp=max(1, par.dcp_size),
-                          pcp=max(1, par.pcp_size),
-                          row=self.row_kind, writer=f"kvformat {__version__} (vllm tier)",
-                          pp_layers=pf.stage_layers if pf is not None and pf.pp > 1 else (),
-                          cp_interleave=pf.interleave if pf is not None and pf.dcp > 1 else 1)
-        self._flat = primary_kv_view.cast("B")
-        self.index = LRUIndex(self.config.max_bytes)
-        self.engines: dict[int, RowEngine] = {}
-        for g, plan in self.plans.items():
-            shared = self.engines[first] if self.engines else None
-            self.engines[g] = RowEngine(self.store, plan, self._flat, self.block_size_bytes, self.copies,
-                                        self.config, prov, self.index, self._on_removed, share=shared)
-        self.engine = self.engines[first]
-        # The token-chain scheme: plain-token chunks of the (one, pure MLA) group go to a second engine over the
-        # same rows, named by SGLang's page chain in a namespace SGLang's backend computes too.
-        self._names: TokenNames | None = None
-        if self.config.key_scheme == "token-chain":
-            chain = token_chain_layout(offloading_spec, self.plans, self.facts, rope)
-            plan = self.plans[first]
-            self.chain_engine = RowEngine(self.store, RowPlan(chain, plan.slot_bytes, plan.runs, plan.order,
-                                                              plan.source, plan.shards),
-                                          self._flat, self.block_size_bytes, self.copies, self.config, prov, self.index,
-                                          self._on_removed, share=self.engine)
-            self._ns_group[chain.namespace()] = first
-            self._names = TokenNames(first, chain.tokens_per_block, self.engine.warn)
-        self.engine.log = self.log
         namespaces = ", ".join(f"group {g} -> {p.layout.namespace()} ({p.describe()})" for g, p in self.plans.items())
-        if self._names is not None:
-            namespaces += f", token-chain -> {self.chain_engine.layout.namespace()}"
-        self.ops = RootOps(self.store, self.config, self.index, self._all_engines(), self.log,
-                           describe=f"{self.row_kind} rows ({self.copies} slot(s)), {namespaces}")
+        more = self._chain_plans(offloading_spec, first, rope)
+        if more:
+            namespaces += f", token-chain -> {sealed_plans({0: more[0]}, self.config)[0].layout.namespace()}"
+        self._flat = primary_kv_view.cast("B")
         try:
-            self.ops.start()  # raises (naming the parameter) rather than start a tier that can never store
+            self.cache = open_cache(self.config, self.store, self.plans, self._flat, stride=self.block_size_bytes,
+                                    copies=self.copies, provenance=self._provenance(offloading_spec),
+                                    on_removed=self._on_removed, root_log=self.log, engine_log=self.log, more=more,
+                                    describe=f"{self.row_kind} rows ({self.copies} slot(s)), {namespaces}")
         except BaseException:
-            for eng in self._all_engines():
-                eng.close()  # no view of vLLM's primary buffer may outlive a tier that failed to start
-            try:
+            try:  # no view of vLLM's primary buffer may outlive a tier that failed to start
                 self._flat.release()
             except BufferError:  # still exported somewhere: left to the garbage collector
                 pass
             raise
+        self.index, self.engines, self.engine = self.cache.index, self.cache.engines, self.cache.engine
+        self._names: TokenNames | None = None
+        if more:
+            self.chain_engine = self.cache.more[0]
+            self._names = TokenNames(first, more[0].layout.tokens_per_block, self.engine.warn)
+        assert self.cache.ops is not None
+        self.ops, self._pool, self._report = self.cache.ops, self.cache.pool, self.cache.report
         self._stop = self.ops.stop
-        self._pool = DualPool(self.config.read_threads, self.config.write_threads)
         self._lookups = Lookups(self, tier_type)
         self._jobs = JobBook(self._pool, self._target, self.engine.warn, JobResult,
                              self._on_stored if self.events is not None else None, self._lookups.mark_miss,
                              deadline_s=self.config.read_deadline_s, stop=self._stop,
                              spare_readers=self.config.read_threads)
-        self._report = CounterReport(self.engine.counters, self.index)
+
+    def _event_list(self, offloading_spec: "OffloadingSpec", tier_type: str) -> list[OffloadingEvent] | None:
+        """The list KV events collect in (None: this tier emits none)."""
+        if not self.config.enable_kv_events:
+            return None
+        if offloading_spec.kv_events_config.enable_kv_cache_events:
+            return []
+        logger.warning("enable_kv_events is set on tier '%s' but KV cache events are disabled globally; "
+                       "the tier will not emit events.", tier_type)
+        return None
+
+    def _chain_plans(self, offloading_spec: "OffloadingSpec", first: int, rope: str | None) -> list[RowPlan]:
+        """The token-chain scheme: plain-token chunks of the (one, pure MLA) group go to a second engine over the
+        same rows, named by SGLang's page chain in a namespace SGLang's backend computes too."""
+        if self.config.key_scheme != "token-chain":
+            return []
+        chain = token_chain_layout(offloading_spec, self.plans, self.facts, rope)
+        plan = self.plans[first]
+        self._ns_group[chain.namespace()] = first
+        return [RowPlan(chain, plan.slot_bytes, plan.runs, plan.order, plan.source, plan.shards)]
+
+    def _provenance(self, offloading_spec: "OffloadingSpec") -> Provenance:
+        """What every file this tier writes records of the deployment that wrote it."""
+        par = offloading_spec.config.parallel
+        pf = self.facts.parallel
+        return Provenance(tp=max(1, par.tp_size), pp=max(1, par.pp_size), dcp=max(1, par.dcp_size),
+                          pcp=max(1, par.pcp_size), row=self.row_kind, writer=f"kvformat {__version__} (vllm tier)",
+                          pp_layers=pf.stage_layers if pf is not None and pf.pp > 1 else (),
+                          cp_interleave=pf.interleave if pf is not None and pf.dcp > 1 else 1)
 
     def _open_store(self, root: str) -> Store:
         local = not split_root(root)[0]

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext, get_offload_group_idx
 
-from ..cache._keyscheme import page_chain
+from ..cache import page_chain
 
 __all__ = ["TokenNames"]
 

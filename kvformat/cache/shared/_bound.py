@@ -9,8 +9,8 @@ import secrets
 import time
 from typing import Any, Callable
 
-from ...format._sizes import format_size
-from ...format._write import host_tag
+from ...format import format_size
+from ...format import host_tag
 from ...storage import Store
 from .._counters import Counters
 from .._log import CacheLog

@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable, TypeVar
 
 from ...errors import ControlRecordError
-from ...format._paths import CONTROL_DIR
+from ...format import CONTROL_DIR
 from ...storage import Store
 
 __all__ = ["ENGINE_ID", "MAX_CONTROL_BYTES", "MAX_FILE_BYTES", "MAX_GEN", "MAX_LEASE_BYTES", "Stuck", "check_int",

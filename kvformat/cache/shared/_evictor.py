@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ...format._write import host_tag
+from ...format import host_tag
 from .._log import CacheLog
 from .._lru import LRUIndex
 from ._control import Control

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ControlRecordError
-from ...format._paths import CONTROL_DIR
-from ...format._write import host_tag
+from ...format import CONTROL_DIR
+from ...format import host_tag
 from .._lru import LRUIndex
 from ._checks import ENGINE_ID, MAX_CONTROL_BYTES, MAX_GEN, check_int, check_relpath, check_size, load_doc
 from ._control import Control

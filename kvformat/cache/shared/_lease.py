@@ -9,8 +9,8 @@ import os
 from typing import Any
 
 from ...errors import ControlRecordError
-from ...format._paths import CONTROL_DIR
-from ...format._write import host_tag
+from ...format import CONTROL_DIR
+from ...format import host_tag
 from ._checks import MAX_GEN, MAX_LEASE_BYTES, load_doc
 from ._control import Control
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from ...errors import ControlRecordError
-from ...format._seal import Keyring
+from ...format import Keyring
 
 __all__ = ["ControlMac"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ControlRecordError
-from ...format._paths import CONTROL_DIR
+from ...format import CONTROL_DIR
 from ._checks import ENGINE_ID, MAX_FILE_BYTES, MAX_GEN, check_int, check_relpath, load_doc
 
 __all__ = ["STATE_FILE", "Holding", "Key", "View", "default_allowance", "grant", "parse_state", "shared_target"]
