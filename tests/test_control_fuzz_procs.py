@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from shared_root import FILE, MAX, start
-from test_shared_control import _mutations, _tree
-from treediff import changes
+from test_shared_control import _mutations
+from treediff import changes, snapshot as _tree
 
 ROUNDS = 150  # co-tenant writes, one every 20 ms while the engines run
 ENGINE_ROUNDS = 80  # each engine's store+load rounds: they outlast the fuzz by more than one periodic rescan

@@ -9,6 +9,9 @@ a lazy import is still a dependency, and a type-only one still ties the two modu
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +201,16 @@ def test_format_takes_buffers_only() -> None:
     bad = [f"{m}:{line}" for m in MODULES if m == "kvformat.format" or m.startswith("kvformat.format.")
            for name, line in _imports(m) if _internal(name) == "kvformat.torch"]
     assert not bad, f"format/ imports kvformat.torch: {bad}"
+
+
+def test_layers_talk_through_their_faces() -> None:
+    """Issue 44's static count (tools/house_count.py) stays where the change left it: other packages are reached
+    through their faces only (the two imports of kvformat._version from format/ are the named exceptions, in
+    docs/DEVELOPING.md), no function over 80 lines, no module over 450, Store the only I/O seam."""
+    out = subprocess.run([sys.executable, str(PKG.parent / "tools" / "house_count.py"), "--list"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    counts = json.loads(out[-1])
+    private = [line for line in out[:-1] if line.startswith("private_imports\t")]
+    assert all(line.endswith(" kvformat._version") for line in private) and len(private) <= 2, private
+    others = {k: v for k, v in counts.items() if k != "private_imports" and v}
+    assert not others, (others, [line for line in out[:-1] if not line.startswith("private_imports\t")])

@@ -10,14 +10,14 @@ import json
 import os
 from pathlib import Path
 
-from test_shared_control import FILE, MAX, Engine, _kvf_bytes, _plant, _serving, _tree, pump, site  # noqa: F401
+from test_shared_control import FILE, MAX, Engine, _kvf_bytes, _plant, _serving, pump, site  # noqa: F401
 
 from kvformat.cache.shared import ENGINES_DIR, LEASE_DIR, STATE_FILE
 from kvformat.cache.shared._checks import MAX_GEN
 from kvformat.cache.shared import ControlMac
 from kvformat.errors import ControlRecordError
 from kvformat.format._seal import Keyring
-from treediff import changes
+from treediff import changes, snapshot as _tree
 
 KEY = os.urandom(32)
 

@@ -85,14 +85,7 @@ def test_a_take_over_listing_longer_than_ttl_keeps_the_lease(tmp_path: Path) -> 
     for _ in range(3):
         for e in (a, b, c):
             e.sb.tick()
-    slow = threading.Event()
-    plain = b._rescan
-
-    def slow_rescan() -> None:
-        slow.wait(3 * b.sb.ttl_s)
-        plain()
-
-    b.sb.evictor._rescan = slow_rescan
+    slow = _slow_rescan(b)
     took_over: list[bool] = []
     done = threading.Event()
 
@@ -123,6 +116,19 @@ def test_a_take_over_listing_longer_than_ttl_keeps_the_lease(tmp_path: Path) -> 
     ft.join()
     assert b.sb.is_evictor and not c.sb.is_evictor
     assert b.sb.holding.grants[b.sb.holding.seq] > 0  # the listing is in: writes are granted again
+
+
+def _slow_rescan(e: Engine) -> threading.Event:
+    """Makes ``e``'s take-over listing wait (up to 3 ttl_s) until the returned event is set."""
+    slow = threading.Event()
+    plain = e._rescan
+
+    def slow_rescan() -> None:
+        slow.wait(3 * e.sb.ttl_s)
+        plain()
+
+    e.sb.evictor._rescan = slow_rescan
+    return slow
 
 
 def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
@@ -156,14 +162,7 @@ def test_an_engine_that_takes_the_lease_back_writes_nothing_until_its_first_pass
     for _ in range(3):
         b.sb.tick()
         a.sb.tick()
-    slow = threading.Event()
-    plain = a._rescan
-
-    def slow_rescan() -> None:
-        slow.wait(3 * a.sb.ttl_s)
-        plain()
-
-    a.sb.evictor._rescan = slow_rescan
+    slow = _slow_rescan(a)
     b.sb.close()  # released: a takes the lease back at its next tick and lists the root first
     at = threading.Thread(target=a.sb.tick, daemon=True)
     at.start()

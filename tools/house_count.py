@@ -13,14 +13,17 @@ Counted from the source text and its AST, nothing imported or run:
 - ``private_store_calls``: ``<name ending in store>._attr`` outside storage/.
 - ``format_imports_torch``: modules in format/ that import kvformat.torch.
 - ``long_modules``: modules over 450 lines.
+- ``import_cycles``: 1 if the module graph has a loop (the loop is printed to stderr), else 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import graphlib
 import json
 import re
+import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "kvformat"
@@ -84,9 +87,9 @@ def count(list_places: bool = False) -> dict[str, object]:
                 if not target.startswith("kvformat."):
                     continue
                 if own == "kvformat.format" and target.startswith("kvformat.torch"):
-                    places["format_imports_torch"].append(f"{rel}:{node.lineno}")
+                    places["format_imports_torch"].append(f"{rel}:{getattr(node, 'lineno', 0)}")
                 if _package_of(target, False) != own and _is_private_module(target):
-                    places["private_imports"].append(f"{rel}:{node.lineno} {target}")
+                    places["private_imports"].append(f"{rel}:{getattr(node, 'lineno', 0)} {target}")
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 span = (node.end_lineno or node.lineno) - node.lineno + 1
                 if span > MAX_FUNC:
@@ -118,7 +121,7 @@ def count(list_places: bool = False) -> dict[str, object]:
 
 
 def _cycles() -> int:
-    """Strongly connected groups of more than one module in the kvformat import graph."""
+    """Import cycles in the kvformat module graph: 0, or 1 with the first loop found (graphlib names one)."""
     mods: dict[str, Path] = {_module_name(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, p in mods.items():
@@ -129,41 +132,12 @@ def _cycles() -> int:
                     t = t.rpartition(".")[0]
                 if t and t != m:
                     graph[m].add(t)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    groups = 0
-    counter = [0]
-
-    def visit(v: str) -> None:
-        nonlocal groups
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            size = 0
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                size += 1
-                if w == v:
-                    break
-            # kvformat.torch <-> format's lazy calls and a package <-> its own modules are the known pairs;
-            # the layering test (tests/test_layers.py) judges them, this count only reports.
-            groups += size > 1
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return groups
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        print("import cycle:", " -> ".join(e.args[1]), file=sys.stderr)
+        return 1
+    return 0
 
 
 def main() -> None:
