@@ -19,7 +19,7 @@ SEAL_MODES = ("off", *SEAL_LEVELS)
 def parse_size(name: str, value: Any) -> int | None:
     """Bytes from an int or a string such as ``"500GiB"``, ``"1.5TB"``, ``"800G"``; None means unbounded.
 
-    The syntax and the meaning of 0 (unbounded) are kvformat's one size syntax (:mod:`kvformat._sizes`),
+    The syntax and the meaning of 0 (unbounded) are kvformat's one size syntax (:mod:`kvformat.format._sizes`),
     shared with the CLI. A bad value raises SchemaError naming ``name``.
     """
     try:

@@ -74,7 +74,7 @@ class LRUIndex:
         self._stuck: set[str] = set()  # indexed files whose eviction failed: victims only as a last resort
         self._removed_during_scan: set[str] | None = None
         # Bytes of files out of the index but still on storage: doomed by a shared root's evictor until every
-        # engine has let go of them (cache/_shared.py). They count against the bound until deleted.
+        # engine has let go of them (cache/shared/). They count against the bound until deleted.
         self.held = 0
 
     # -- queries ---------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ class RowCore:
         self._addr = int(self._arr.ctypes.data) if self._arr is not None else 0
         self._mtimes: dict[str, float] = {}  # relpath -> last known file mtime (written, scanned, touched)
         # Local buffered stores take the fused paths (one read / one write per chunk, payload hashed in the
-        # same pass: kvformat._native); O_DIRECT reads and remote stores keep the Store calls.
+        # same pass: kvformat.format._native); O_DIRECT reads and remote stores keep the Store calls.
         self._fuse_allowed = os.environ.get("KVFORMAT_NO_FUSED") != "1"
         self._o_direct = getattr(store, "o_direct", "off") != "off"
         # Loads that may be given up on at read_deadline_s read into this thread's private buffer and copy into
@@ -281,7 +281,7 @@ class RowCore:
             raise hdr
         return int(hdr.file_bytes)
 
-    # -- fused local I/O (kvformat._native) --------------------------------------------------------
+    # -- fused local I/O (kvformat.format._native) -----------------------------------------------
     @property
     def _fused(self) -> bool:
         # Checked per call: the store may be swapped (tests) and a subclass's put/read_into must not be bypassed.

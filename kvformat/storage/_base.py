@@ -2,12 +2,12 @@
 
 The split follows fsspec's public/``_private`` pattern. Everything that must behave the same on every
 backend lives here once: the read pipeline (header, ``expect``/``key``, copy or decode, zero on
-failure: :func:`kvformat._read.read_payload_from`), error paths, quarantine names, taking a write's body
+failure: :func:`kvformat.format._read.read_payload_from`), error paths, quarantine names, taking a write's body
 before an asynchronous backend may outlive the caller. A backend implements only:
 
 ``_open_many(relpaths, head_only, timeout_s)``
     yield ``(index, source or exception)`` per path, as each becomes ready; a source is an open
-    :class:`~kvformat._read.FileSource` or a fetched :class:`~kvformat._read.BytesSource`
+    :class:`~kvformat.format._read.FileSource` or a fetched :class:`~kvformat.format._read.BytesSource`
     (``head_only``: at least the header region, and the object's true size).
 ``_put_many(items, overwrite, fsync, timeout_s)``
     atomic writes, per item True / False (existed) / the exception.

@@ -365,7 +365,7 @@ class StoreTests:
         assert store.cleanup_temp(older_than_s=0) == 1 and not self.raw_exists(store, tmp)
 
     def test_list_dir_and_probe(self, store: Store) -> None:
-        # The small control directories of a shared root (cache/_shared.py) and the start-up probe of a tier.
+        # The small control directories of a shared root (cache/shared/) and the start-up probe of a tier.
         from ..storage import probe_store
 
         assert store.list_dir(".kvformat/engines") == []
