@@ -10,9 +10,22 @@ functions, which ``kvformat`` re-exports on first use (so ``import kvformat`` do
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
+if TYPE_CHECKING:
+    import torch
+else:
+    class _Torch:
+        """torch, imported on first use: the wrappers below given buffers never touch it, so the buffer API
+        (``kvformat.read_into(path, bytearray)``) does not pay torch's import, nor its address space."""
+
+        def __getattr__(self, name: str) -> Any:
+            import torch as real
+
+            globals()["torch"] = real
+            return getattr(real, name)
+
+    torch = _Torch()
 
 from .format import BlockFile as _BlockFile, BlockHeader, BlockKey, CanonicalLayout, Keyring, Provenance
 from .format import decode as _decode, encode as _encode, read_header, read_into as _read_into, save_file as _save_file

@@ -214,3 +214,14 @@ def test_layers_talk_through_their_faces() -> None:
     assert all(line.endswith(" kvformat._version") for line in private) and len(private) <= 2, private
     others = {k: v for k, v in counts.items() if k != "private_imports" and v}
     assert not others, (others, [line for line in out[:-1] if not line.startswith("private_imports\t")])
+
+
+def test_the_buffer_api_does_not_import_torch() -> None:
+    """``kvformat``'s file API given buffers never imports torch (its import costs seconds and ~1 GB of address
+    space: tools/fuzz.py's memory cap turned it into a MemoryError); a tensor brings it in."""
+    code = ("import sys, kvformat as K\n"
+            "K.read_into, K.save_file, K.encode, K.decode, K.open_block\n"
+            "assert 'torch' not in sys.modules, 'imported by the buffer API'\n"
+            "import torch\n"
+            "assert K.torch.as_buffer(torch.zeros(2)).nbytes == 8\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
