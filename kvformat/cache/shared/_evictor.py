@@ -159,9 +159,14 @@ class Evictor:
                 for rel, _ in ready:
                     del h.doomed[rel]
             self._delete(ready)
+        # A follower silent for ttl_s no longer holds deletions back, but its writes admitted before it went silent
+        # may still land (a stalled mount): it keeps its exposure, and this engine is not alone, until it is gone
+        # (its journal says so, or 3 ttl_s of silence). fleet7: the evictor, alone a second after its follower on
+        # FUSE went silent, filled the root to max_bytes and the follower's late writes went 8 chunks over.
+        exposed = self._exposed(h)
         with self.ledger.lock:
-            h.alone = not live and h.scanned  # alone means exact: only with the whole root indexed
-            target = shared_target(self.max_bytes, len(live) + 1, self.allowance)
+            h.alone = not exposed and h.scanned  # alone means exact: only with the whole root indexed
+            target = shared_target(self.max_bytes, len(exposed) + 1, self.allowance)
         # Alone: the store path evicts before each write and deletes at once. Shared: only passes pick victims, by
         # the indexed bytes alone (doomed files free nothing until deleted: counting them would doom again and again).
         self.index.max_bytes = self.max_bytes if h.alone else None
@@ -169,6 +174,11 @@ class Evictor:
         state = self._next_state(h, live, target)
         self.control.put(STATE_FILE, json.dumps(state, separators=(",", ":")).encode(), overwrite=True)
         h.last_ok = now
+
+    @staticmethod
+    def _exposed(h: Holding) -> dict[str, View]:
+        """The followers whose writes may still land: every one not gone, live or silent."""
+        return {i: v for i, v in h.views.items() if not v.gone}
 
     def _live(self, h: Holding, now: float) -> dict[str, View]:
         """The followers live now (a journal rewritten within ``ttl_s``); a change either way is logged."""
@@ -199,7 +209,7 @@ class Evictor:
             # Admitted stores are in reserved until they call wrote(), in the index's reserved until add(): the
             # sum counts a store in flight twice for a moment, never not at all.
             counted = self.index.used + self.index.reserved + self.ledger.reserved + held
-            exposure = [self._exposure(h, v) for v in live.values()]
+            exposure = [self._exposure(h, v) for v in self._exposed(h).values()]
             g = grant(self.max_bytes, counted, exposure, self.allowance) if scanned and not h.alone else 0
             h.grants[h.seq] = g
             oldest = min((v.ack[1] for v in live.values() if v.ack is not None and v.ack[0] == h.gen), default=h.seq)
