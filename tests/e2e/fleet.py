@@ -318,7 +318,20 @@ HELDOUT = 8  # prompts
 HELDOUT_TOKENS = 16  # greedy output tokens each: 30 blocks of 16 prompt tokens + 16 <= max_model_len 512
 
 
-def heldout_phase(client: Client, out: dict[str, Any], checks: dict[str, Any], against: Path | None) -> None:
+def settle(root: Path, quiet_s: float = 2.0, timeout: float = 30.0) -> None:
+    """Wait until no .kvf file has appeared on the root for ``quiet_s`` (stores reach it off the request path)."""
+    end, last, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < end:
+        n = sum(1 for _ in root.rglob("*.kvf"))
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.5)
+
+
+def heldout_phase(client: Client, root: Path, out: dict[str, Any], checks: dict[str, Any],
+                  against: Path | None) -> None:
     """Prompts no request used: A answers each first (its KV goes to the root), then B answers it twice, one at a
     time (no batching): once with A's KV from the root (a cross-TP load) and once with a fresh ``cache_salt``, so
     vLLM recomputes every block from the model's weights; the answers are compared (reported). With ``against``
@@ -327,7 +340,7 @@ def heldout_phase(client: Client, out: dict[str, Any], checks: dict[str, Any], a
     for j in range(HELDOUT):
         ids = [4 * 10**9 + 100 * j + i for i in range(MAX_IDS)]
         a = client.send("A", ids, "heldout-store", max_tokens=HELDOUT_TOKENS)
-        time.sleep(2)  # the store reaches the root off the request path
+        settle(root)  # A's store reaches the root off the request path (2 s was too short on the CI machine)
         loaded = client.send("B", ids, "heldout-load", max_tokens=HELDOUT_TOKENS)
         fresh = client.send("B", ids, "heldout-recompute", max_tokens=HELDOUT_TOKENS, salt=f"heldout-{j}")
         rows.append({"j": j, "A": a.get("text"), "B_loaded": loaded.get("text"), "B_recomputed": fresh.get("text"),
@@ -548,7 +561,8 @@ def main() -> int:
             checks["files_of_both_writers"] = set(tps) >= {"1", "2"}
         else:
             out["root_bytes_unbounded"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-        heldout_phase(client, out, checks, Path(args.against) if args.against else None)
+        heldout_phase(client, root, out, checks, Path(args.against) if args.against else None)
+        settle(root)  # the corrupt phase picks the files new after its own store: none of these may still land
         if faults_on:
             faults.append(corrupt_phase(client, a, b, root, out, checks, t_start))
             faults.append(hang_phase(client, a, b, root, ctl, out, checks, t_start))
