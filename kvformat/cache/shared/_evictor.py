@@ -163,7 +163,7 @@ class Evictor:
         # may still land (a stalled mount): it keeps its exposure, and this engine is not alone, until it is gone
         # (its journal says so, or 3 ttl_s of silence). fleet7: the evictor, alone a second after its follower on
         # FUSE went silent, filled the root to max_bytes and the follower's late writes went 8 chunks over.
-        exposed = self._exposed(h)
+        exposed = {i: v for i, v in h.views.items() if not v.gone}  # live or silent: writes may still land
         with self.ledger.lock:
             h.alone = not exposed and h.scanned  # alone means exact: only with the whole root indexed
             target = shared_target(self.max_bytes, len(exposed) + 1, self.allowance)
@@ -171,14 +171,9 @@ class Evictor:
         # the indexed bytes alone (doomed files free nothing until deleted: counting them would doom again and again).
         self.index.max_bytes = self.max_bytes if h.alone else None
         self.evict(self.index.victims(limit=target))
-        state = self._next_state(h, live, target)
+        state = self._next_state(h, live, exposed, target)
         self.control.put(STATE_FILE, json.dumps(state, separators=(",", ":")).encode(), overwrite=True)
         h.last_ok = now
-
-    @staticmethod
-    def _exposed(h: Holding) -> dict[str, View]:
-        """The followers whose writes may still land: every one not gone, live or silent."""
-        return {i: v for i, v in h.views.items() if not v.gone}
 
     def _live(self, h: Holding, now: float) -> dict[str, View]:
         """The followers live now (a journal rewritten within ``ttl_s``); a change either way is logged."""
@@ -200,7 +195,7 @@ class Evictor:
                     self.log.info("engine %s rewrites its journal again: deletions wait for its reads", i)
         return live
 
-    def _next_state(self, h: Holding, live: dict[str, View], target: int) -> dict[str, Any]:
+    def _next_state(self, h: Holding, live: dict[str, View], exposed: dict[str, View], target: int) -> dict[str, Any]:
         """The next state (taking ``ledger.lock``): the count, the grant, the doomed files."""
         scanned = h.scanned and self._scanned()
         with self.ledger.room:
@@ -209,7 +204,7 @@ class Evictor:
             # Admitted stores are in reserved until they call wrote(), in the index's reserved until add(): the
             # sum counts a store in flight twice for a moment, never not at all.
             counted = self.index.used + self.index.reserved + self.ledger.reserved + held
-            exposure = [self._exposure(h, v) for v in self._exposed(h).values()]
+            exposure = [self._exposure(h, v) for v in exposed.values()]
             g = grant(self.max_bytes, counted, exposure, self.allowance) if scanned and not h.alone else 0
             h.grants[h.seq] = g
             oldest = min((v.ack[1] for v in live.values() if v.ack is not None and v.ack[0] == h.gen), default=h.seq)
