@@ -38,7 +38,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _package_of(mod: str, is_pkg: bool) -> str:
+def _package_of(mod: str) -> str:
     """The top package under kvformat a module belongs to (``kvformat.cache`` for kvformat.cache._jobs)."""
     parts = mod.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 else mod
@@ -78,7 +78,7 @@ def count(list_places: bool = False) -> dict[str, object]:
         text = path.read_text()
         tree = ast.parse(text, str(path))
         rel = str(path.relative_to(PKG.parent))
-        own = _package_of(mod, is_pkg)
+        own = _package_of(mod)
         in_storage = own == "kvformat.storage"
         if text.count("\n") + 1 > MAX_MODULE:
             places["long_modules"].append(f"{rel} {text.count(chr(10)) + 1}")
@@ -88,7 +88,7 @@ def count(list_places: bool = False) -> dict[str, object]:
                     continue
                 if own == "kvformat.format" and target.startswith("kvformat.torch"):
                     places["format_imports_torch"].append(f"{rel}:{getattr(node, 'lineno', 0)}")
-                if _package_of(target, False) != own and _is_private_module(target):
+                if _package_of(target) != own and _is_private_module(target):
                     places["private_imports"].append(f"{rel}:{getattr(node, 'lineno', 0)} {target}")
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 span = (node.end_lineno or node.lineno) - node.lineno + 1
