@@ -11,7 +11,8 @@ Rules (each violation counted):
   per engine, far under the bound, so an LRU bound never evicts them.
 * bound: the largest sampled .kvf bytes over the bound may exceed it by at most one chunk per writer.
 * lease takeover: after each fault, a live engine holds the lease and publishes a new state within the limit
-  (kill: a holder other than the killed one; others: any state change after the fault ended).
+  (kill: a holder other than the killed one; others: any state change after the fault ended); each fault's time
+  is listed in ``takeover_each_s`` (None: never seen).
 * wedged: an engine not killed that did not finish (the run's end record) or never wrote its final records.
 Prints one JSON line; exits 1 when the history is not OK.
 """
@@ -69,6 +70,7 @@ def check(records: list[dict[str, Any]], *, fs: str = "moosefs", clients: int = 
     writers = len(cfg["engines"])
 
     takeover = 0.0
+    each: list[list[Any]] = []  # [kind, seconds or None] per fault: which fault a violation came from
     for f in faults:
         before = [r for r in samples if r["t"] <= f["start"]]
         st0 = before[-1]["state"] if before else None
@@ -82,6 +84,7 @@ def check(records: list[dict[str, Any]], *, fs: str = "moosefs", clients: int = 
             got = r["t"] - t_from
             break
         takeover = max(takeover, got if got is not None else float("inf"))
+        each.append([f["kind"], round(got, 2) if got is not None else None])
 
     final_done = {r["engine"] for r in records if r.get("op") == "stored_final"}
     wedged = set(end.get("wedged", [])) | {e for e in cfg["engines"] if e not in killed and e not in final_done}
@@ -90,7 +93,7 @@ def check(records: list[dict[str, Any]], *, fs: str = "moosefs", clients: int = 
     return {"fs": fs, "clients": clients or len(cfg.get("mounts", [])), "rounds": cfg["rounds"],
             "faults": len(faults), "wrong_bytes": wrong, "lost_durable": lost, "bound_max_over_bytes": over,
             "bound_bytes": bound, "lease_takeover_max_s": round(takeover, 2) if takeover != float("inf") else None,
-            "wedged": len(wedged), "history_ok": ok, "final_misses": final_misses}
+            "wedged": len(wedged), "history_ok": ok, "final_misses": final_misses, "takeover_each_s": each}
 
 
 def main(argv: list[str]) -> int:

@@ -139,9 +139,11 @@ def main() -> int:
     # The checker reads each fault's take-over from the samples after it. When the faults outlast the rounds (a
     # chunkserver that takes minutes to come back) the engines would be released at once and the history end
     # before a take-over after the last fault could be seen: hold them (the gates below) until the state moves
-    # on from the one before that fault, or 30 s (the checker's limit) have passed.
+    # on from the one before that fault, or 30 s (the checker's limit) have passed. A state that cannot be read (a
+    # lease file half written by the engine taking over, a listing during a rename) has not moved on: CI's run at
+    # 098ede3 stopped holding on such a read 0.2 s into a take-over and the history ended before its first state.
     return finish_run(a.history, names, killed, procs, go, stop, th, rec, hist,
-                      lambda: bool(faults) and lease(roots[0])[2] == before)
+                      lambda: bool(faults) and lease(roots[0])[2] in (before, None))
 
 
 def finish_run(history: str, names: list[str], killed: set[str], procs: dict[str, Any], go: str,
