@@ -12,6 +12,8 @@ is unlinked and each load reads its files, so the index is checked against a rea
   ``kvformat-slru[:share]``: ``SegmentedLRUIndex`` (stored-only files in probation, evicted before loaded ones,
   whose protected segment holds ``share`` of the budget, 0.2 by default); ``kvformat-slru-prefix``: both rules;
   ``kvformat-adaptive[:share]``: ``AdaptiveSegmentedIndex`` (protects only while a segmented shadow beats an LRU one);
+  ``kvformat-arc-lru``: ``ArcLruIndex`` (evicts what the leading one of an LRU and an ARC shadow evicted; ARC
+  unless LRU leads significantly); ``kvformat-arc-lru:arc`` / ``:lru`` follow one expert throughout (check rows);
 * ``s3fifo[:T]``, ``w-tinylfu[:W]``, ``arc``, ``sieve``: the field's online policies (tools/capacity_policies.py,
   from the papers), by block, the same file sizes and prefix-chain lookups; ``s3fifo:1`` moves a block to the main
   queue after one hit in the small one (the paper's pseudo-code says more than one), ``w-tinylfu:0.2`` a 20 % window;
@@ -262,7 +264,8 @@ def replay_optimal(trace: list[tuple[list[int], int]], budget: int, size: int, r
             heapq.heappush(heap, (-nxt[r][i], -i, b))
 
 
-POLICIES = ("kvformat", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive", "lru",
+POLICIES = ("kvformat", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive",
+            "kvformat-arc-lru", "lru",
             "s3fifo", "s3fifo:1", "w-tinylfu", "arc", "sieve", "lru-oracle-admission", "vllm-fs-replicated",
             "vllm-fs-per-worker-tp8", "optimal")
 

@@ -21,6 +21,7 @@ class Tally(Protocol):
 
 def make_index(policy: str, budget: int) -> Any:
     """The index class a ``kvformat*`` policy names; ``kvformat-slru:0.3`` sets the protected share."""
+    from kvformat.cache._arc import ArcLruIndex
     from kvformat.cache._lru import LRUIndex
     from kvformat.cache._prefix import PrefixIndex
     from kvformat.cache._slru import AdaptiveSegmentedIndex, SegmentedLRUIndex
@@ -36,6 +37,8 @@ def make_index(policy: str, budget: int) -> Any:
     if name in ("kvformat-slru", "kvformat-slru-prefix"):
         cls = SegmentedLRUIndex if name == "kvformat-slru" else SegmentedPrefixIndex
         return cls(budget, float(arg)) if arg else cls(budget)  # type: ignore[call-arg]
+    if name == "kvformat-arc-lru":  # kvformat-arc-lru:arc / :lru follow one expert throughout (check rows)
+        return ArcLruIndex(budget, expert=arg or None)
     if name == "kvformat-adaptive":
         return AdaptiveSegmentedIndex(budget, float(arg)) if arg else AdaptiveSegmentedIndex(budget)
     raise SystemExit(f"unknown kvformat policy {policy!r}")
