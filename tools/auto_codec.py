@@ -1,0 +1,103 @@
+"""What ``compression: "auto"`` chooses on given roots (issue 45): starts vLLM's real tiering classes with a kvformat
+tier on each root (tests/vllm_harness.py) and prints the tier's start-up choice, the numbers behind it and what the
+measurement cost, for a DeepSeek-V3-shaped chunk (61 layers x 64 tokens x 576 bf16, 4.5 MB) and the e2e engine's
+(2 layers x 16 tokens x 8 blocks, 295 KB).
+
+Usage: python tools/auto_codec.py [ROOT ...] [--fuse-delay S] [--runs N]
+``--fuse-delay S`` adds a slow root: tests/hangfs.py mounted over a scratch directory, each payload read request
+(up to 128 KiB) answered after S seconds (needs root and /dev/fuse). Each root and layout is started ``--runs``
+times (default 3): the choice is made per start, from that start's measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
+
+from vllm_harness import Deployment, kvformat_tier, wait_for  # noqa: E402
+
+LAYOUTS = {"deepseek-v3 4.5 MB": {"n_layers": 61, "tokens_per_block": 64},
+           "e2e engine 295 KB": {"n_layers": 2, "tokens_per_block": 16, "blocks_per_chunk": 8}}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _slow_root(delay_s: float) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="kvf-auto-") as tmp:
+        src, mnt, ctl = Path(tmp, "src"), Path(tmp, "mnt"), Path(tmp, "ctl")
+        src.mkdir()
+        mnt.mkdir()
+        ctl.write_text("")
+        proc = subprocess.Popen([sys.executable, str(HERE.parent / "tests" / "hangfs.py"), str(src), str(mnt),
+                                 str(ctl), str(delay_s)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            if not wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, 30) or not os.path.ismount(mnt):
+                raise SystemExit("the FUSE mount did not come up (needs root and /dev/fuse)")
+            yield str(mnt)
+        finally:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+            proc.terminate()
+            proc.wait(10)
+
+
+def _start(root: str, shape: dict[str, Any], handler: _Lines) -> tuple[str, float]:
+    handler.lines.clear()
+    t0 = time.perf_counter()
+    with Deployment([kvformat_tier(root, compression="auto")], num_chunks=2, **shape):
+        took = time.perf_counter() - t0
+    line = next(m for m in handler.lines if "starting on" in m)
+    return "compression=" + line.split("compression=", 1)[1].split(", o_direct=", 1)[0], took
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("roots", nargs="*", default=["/dev/shm/kvf-auto", "/var/tmp/kvf-auto"])
+    ap.add_argument("--fuse-delay", type=float, default=None)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    handler = _Lines()
+    log = logging.getLogger("vllm.kvformat")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    load = os.getloadavg()[0]
+    print(f"python tools/auto_codec.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"{os.cpu_count()} CPUs, load average {load:.1f} at start; each line: one tier start-up's choice "
+          f"(the start-up line's text) and the tier's whole start-up time")
+    with contextlib.ExitStack() as stack:
+        roots = [(r, r) for r in args.roots]
+        if args.fuse_delay is not None:
+            roots.append((stack.enter_context(_slow_root(args.fuse_delay)),
+                          f"FUSE pass-through, {args.fuse_delay * 1000:g} ms per read request (tests/hangfs.py)"))
+        for root, label in roots:
+            os.makedirs(root, exist_ok=True)
+            for name, shape in LAYOUTS.items():
+                print(f"\n{label}, {name} chunks:")
+                for _ in range(args.runs):
+                    line, took = _start(root, shape, handler)
+                    print(f"  {line}  [start-up {took:.2f} s]")
+    print(f"\nload average {os.getloadavg()[0]:.1f} at end (other processes on this machine share its CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
