@@ -3,10 +3,13 @@ tier on each root (tests/vllm_harness.py) and prints the tier's start-up choice,
 measurement cost, for a DeepSeek-V3-shaped chunk (61 layers x 64 tokens x 576 bf16, 4.5 MB) and the e2e engine's
 (2 layers x 16 tokens x 8 blocks, 295 KB).
 
-Usage: python tools/auto_codec.py [ROOT ...] [--fuse-delay S] [--runs N]
+Usage: python tools/auto_codec.py [ROOT ...] [--fuse-delay S] [--runs N] [--loads N]
 ``--fuse-delay S`` adds a slow root: tests/hangfs.py mounted over a scratch directory, each payload read request
 (up to 128 KiB) answered after S seconds (needs root and /dev/fuse). Each root and layout is started ``--runs``
-times (default 3): the choice is made per start, from that start's measurement.
+times (default 3): the choice is made per start, from that start's measurement. ``--loads N`` checks the rule's
+prediction: N KV-shaped chunks (kvformat's synthetic chunk, seeds 1..N) stored with compression none, then planes,
+each loaded back verified through the tier with one read thread; the measured time of a planes load over a raw
+one is printed next to the start-up lines' prediction.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
 
-from vllm_harness import Deployment, kvformat_tier, wait_for  # noqa: E402
+from vllm_harness import Deployment, kvformat_tier, make_keys, wait_for  # noqa: E402
+
+from kvformat.cache._measure import synthetic_payload  # noqa: E402
 
 LAYOUTS = {"deepseek-v3 4.5 MB": {"n_layers": 61, "tokens_per_block": 64},
            "e2e engine 295 KB": {"n_layers": 2, "tokens_per_block": 16, "blocks_per_chunk": 8}}
@@ -69,11 +74,28 @@ def _start(root: str, shape: dict[str, Any], handler: _Lines) -> tuple[str, floa
     return "compression=" + line.split("compression=", 1)[1].split(", o_direct=", 1)[0], took
 
 
+def _load_s(root: str, shape: dict[str, Any], codec: str, n: int) -> float:
+    """Seconds per verified load of ``n`` chunks written with ``codec`` (one read thread: one stream, one core)."""
+    keys = make_keys(n, salt=f"auto-codec {codec} {time.time_ns()}")
+    with Deployment([kvformat_tier(root, compression=codec, read_threads=1, write_threads=1)], num_chunks=2 * n,
+                    **shape) as dep:
+        layout = dep.tier().layout
+        dep.store({k: bytes(synthetic_payload(layout, seed=i + 1)) for i, k in enumerate(keys)})
+        dep.evict_primary()
+        t0 = time.perf_counter()
+        got = dep.load(keys)
+        took = time.perf_counter() - t0
+        if any(v is None for v in got.values()):
+            raise SystemExit(f"a {codec} load missed on {root}: {dep.tier().counters()}")
+    return took / n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("roots", nargs="*", default=["/dev/shm/kvf-auto", "/var/tmp/kvf-auto"])
     ap.add_argument("--fuse-delay", type=float, default=None)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--loads", type=int, default=0)
     args = ap.parse_args()
     handler = _Lines()
     log = logging.getLogger("vllm.kvformat")
@@ -95,6 +117,10 @@ def main() -> int:
                 for _ in range(args.runs):
                     line, took = _start(root, shape, handler)
                     print(f"  {line}  [start-up {took:.2f} s]")
+                if args.loads:
+                    raw, planes = (_load_s(root, shape, c, args.loads) for c in ("none", "planes"))
+                    print(f"  measured: {args.loads} verified loads, {raw * 1000:.1f} ms each raw, "
+                          f"{planes * 1000:.1f} ms planes: a planes load took {planes / raw:.2f}x a raw one")
     print(f"\nload average {os.getloadavg()[0]:.1f} at end (other processes on this machine share its CPUs)")
     return 0
 
