@@ -8,8 +8,8 @@ Usage: python tools/auto_codec.py [ROOT ...] [--fuse-delay S] [--runs N] [--load
 (up to 128 KiB) answered after S seconds (needs root and /dev/fuse). Each root and layout is started ``--runs``
 times (default 3): the choice is made per start, from that start's measurement. ``--loads N`` checks the rule's
 prediction: N KV-shaped chunks (kvformat's synthetic chunk, seeds 1..N) stored with compression none, then planes,
-each loaded back verified through the tier with one read thread; the measured time of a planes load over a raw
-one is printed next to the start-up lines' prediction.
+each loaded back verified by the tier's own load path, one after the other; the measured time of a planes load
+over a raw one is printed next to the start-up lines' prediction.
 """
 
 from __future__ import annotations
@@ -75,18 +75,18 @@ def _start(root: str, shape: dict[str, Any], handler: _Lines) -> tuple[str, floa
 
 
 def _load_s(root: str, shape: dict[str, Any], codec: str, n: int) -> float:
-    """Seconds per verified load of ``n`` chunks written with ``codec`` (one read thread: one stream, one core)."""
+    """Seconds per verified load of ``n`` chunks written with ``codec``: the tier's own load path (RowEngine's
+    load_chunk, the one a load job runs), one chunk after the other, as one read stream on one core does."""
     keys = make_keys(n, salt=f"auto-codec {codec} {time.time_ns()}")
-    with Deployment([kvformat_tier(root, compression=codec, read_threads=1, write_threads=1)], num_chunks=2 * n,
-                    **shape) as dep:
-        layout = dep.tier().layout
-        dep.store({k: bytes(synthetic_payload(layout, seed=i + 1)) for i, k in enumerate(keys)})
-        dep.evict_primary()
+    with Deployment([kvformat_tier(root, compression=codec)], num_chunks=2 * n, **shape) as dep:
+        tier = dep.tier()
+        dep.store({k: bytes(synthetic_payload(tier.layout, seed=i + 1)) for i, k in enumerate(keys)})
+        targets = [tier._target(k) for k in keys]
         t0 = time.perf_counter()
-        got = dep.load(keys)
+        got = [eng.load_chunk(h, 0) for eng, h in targets]
         took = time.perf_counter() - t0
-        if any(v is None for v in got.values()):
-            raise SystemExit(f"a {codec} load missed on {root}: {dep.tier().counters()}")
+        if any(v is None for v in got):
+            raise SystemExit(f"a {codec} load missed on {root}: {tier.counters()}")
     return took / n
 
 
