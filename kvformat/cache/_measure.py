@@ -28,6 +28,9 @@ READ_BUDGET_S = 0.15
 SYNTHETIC_MAX_BYTES = 4 << 20
 
 
+_FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
+
+
 def _minifloat(x: np.ndarray, ebits: int, mbits: int) -> np.ndarray:
     """float32 -> an fp8 bit pattern (sign, ``ebits`` exponent, ``mbits`` mantissa; truncated, no subnormals)."""
     bits = x.astype(np.float32).view(np.uint32)
@@ -53,11 +56,11 @@ def synthetic_payload(layout: CanonicalLayout, seed: int = 0) -> bytearray:
     off = 0
     for layer, n in zip(layout.layers, layout.chunk_bytes_per_layer):
         width = layer.shape[-1]
-        if layer.dtype == "BF16":
+        if layer.dtype == "BF16":  # bf16 is float32's high half
             b = (_values(n // 2, width, rng).view(np.uint32) >> 16).astype(np.uint16).tobytes()
-        elif layer.dtype in ("F16", "F32", "F64"):
-            b = _values(n // (2 if layer.dtype == "F16" else 4 if layer.dtype == "F32" else 8), width, rng).astype(
-                {"F16": np.float16, "F32": np.float32, "F64": np.float64}[layer.dtype]).tobytes()
+        elif layer.dtype in _FLOATS:
+            t = _FLOATS[layer.dtype]
+            b = _values(n // np.dtype(t).itemsize, width, rng).astype(t).tobytes()
         elif layer.dtype in ("F8_E4M3", "F8_E5M2", "U8"):  # U8: packed fp8 (fp8_ds_mla) or an opaque row
             v = _values(n, width, rng)
             v *= 448.0 / max(float(np.abs(v).max()), 1e-30)
