@@ -124,3 +124,17 @@ def test_auto_on_a_failing_root_chooses_none_and_says_why(tmp_path: Path) -> Non
         os.chmod(root, 0o700)
     assert (c.codec, c.mode) == ("none", "auto") and c.reason.startswith("auto: measuring the root failed"), c
     assert c.decode_gbps is not None and c.read_gbps is None  # the decode was measured, the root was not
+
+
+def test_a_remote_root_is_read_through_its_own_requests() -> None:
+    """A URL root: the probe is written and read back with the store's batched requests (its deadlines), nothing
+    to drop from a page cache, and nothing left behind."""
+    import uuid
+
+    from kvformat.storage import open_store
+
+    store = open_store(f"memory://kvf-auto-{uuid.uuid4().hex[:8]}/root")
+    speed = measure_read(store, 200_000, budget_s=0.01, max_reads=2)
+    assert speed.gbps > 0 and 1 <= speed.reads <= 2 and not speed.cold
+    fs, path = store.fsspec_location(".kvformat")
+    assert fs.find(path) == []  # the probe object was deleted (listings skip .kvformat/, so ask fsspec)
