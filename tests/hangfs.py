@@ -1,16 +1,19 @@
 """A pass-through FUSE filesystem whose reads of chosen files never return until released: the hung read of a
 stopped NFS server or MooseFS chunkserver, made on one host without either (issue 43).
 
-``python hangfs.py SOURCE MOUNTPOINT CONTROL``: mounts SOURCE at MOUNTPOINT (foreground; unmount with
-``umount -l``). CONTROL is a file of basenames, one a line: a read() of a file with a listed name blocks
-(polling CONTROL) until the name is gone from it. Only payload-sized reads block (> 16 KiB): a header probe of
-the same file still answers, as on a mount whose metadata server lives but whose chunkserver stopped. The mount
-uses direct_io, so the kernel passes each read through with its own size (no read-ahead merging them).
+``python hangfs.py SOURCE MOUNTPOINT CONTROL [DELAY_S]``: mounts SOURCE at MOUNTPOINT (foreground; unmount with
+``umount -l``). CONTROL is a file of basenames or shell patterns (``*.speed``), one a line: a read() of a file
+with a matching name blocks (polling CONTROL) until the line is gone from it. Only payload-sized reads block
+(> 16 KiB): a header probe of the same file still answers, as on a mount whose metadata server lives but whose
+chunkserver stopped. DELAY_S (default 0): every payload-sized read request waits that long first, a slow root
+(a distant NFS server, a throttled bucket) rather than a hung one. The mount uses direct_io, so the kernel passes
+each read through with its own size (no read-ahead merging them, no page cache serving a re-read).
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import sys
 import time
@@ -22,9 +25,10 @@ PAYLOAD_READ = 16 << 10
 
 
 class HangFS(Operations):  # type: ignore[misc]
-    def __init__(self, source: str, control: str) -> None:
+    def __init__(self, source: str, control: str, delay_s: float = 0.0) -> None:
         self.source = os.path.realpath(source)
         self.control = control
+        self.delay_s = delay_s
 
     def _p(self, path: str) -> str:
         return os.path.join(self.source, path.lstrip("/"))
@@ -35,7 +39,8 @@ class HangFS(Operations):  # type: ignore[misc]
                 names = {line.strip() for line in f if line.strip()}
         except OSError:
             return False
-        return os.path.basename(path) in names
+        name = os.path.basename(path)
+        return any(fnmatch.fnmatchcase(name, n) for n in names)
 
     # -- metadata ---------------------------------------------------------------------------------------
     def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
@@ -92,6 +97,8 @@ class HangFS(Operations):  # type: ignore[misc]
         return int(self._call(os.open, self._p(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode))
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        if size > PAYLOAD_READ and self.delay_s:
+            time.sleep(self.delay_s)
         while size > PAYLOAD_READ and self._hung(path):
             time.sleep(0.05)
         return bytes(self._call(os.pread, fh, size, offset))
@@ -111,4 +118,5 @@ class HangFS(Operations):  # type: ignore[misc]
 
 if __name__ == "__main__":
     src, mnt, ctl = sys.argv[1:4]
-    FUSE(HangFS(src, ctl), mnt, foreground=True, nothreads=False, direct_io=True, default_permissions=True)
+    delay = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    FUSE(HangFS(src, ctl, delay), mnt, foreground=True, nothreads=False, direct_io=True, default_permissions=True)

@@ -267,4 +267,8 @@ def test_two_kvformat_tiers_metrics_both_scraped(tmp_path: Path) -> None:
     assert value("evictions_total", "1:KVFormatTier") == 3 and value("evictions_total", "2:KVFormatTier") == 0
     assert value("files_written_total", "1:KVFormatTier") == value("files_written_total", "2:KVFormatTier") == 11
     assert value("root_healthy", "1:KVFormatTier") == value("root_healthy", "2:KVFormatTier") == 1
+    # The codec each tier writes with, labelled with how it was set (auto: tests/test_auto_compression.py).
+    info = {k: float(v) for k, v in series.items() if k.startswith(METRIC_PREFIX + "compression_info{")}
+    assert len(info) == 2 and set(info.values()) == {1.0}, info
+    assert all('codec="none"' in k and 'mode="fixed"' in k for k in info), info
     print(json.dumps({k: v for k, v in series.items() if "files" in k or "used_bytes" in k}, indent=1))

@@ -54,8 +54,10 @@ def _int(name: str, value: Any, lo: int, hi: int) -> int:
 
 
 # The zstd level when none is set. planes (spec §6.2) codes a near-entropy plane: level 1 is both smaller and
-# faster to decode there than 3 (docs/benchmarks/codec.md).
-_DEFAULT_LEVEL = {"zstd": 3, "planes": 1}
+# faster to decode there than 3 (docs/benchmarks/codec.md). "auto" only ever picks planes (or none).
+_DEFAULT_LEVEL = {"zstd": 3, "planes": 1, "auto": 1}
+# "auto": the tier picks planes or none per root at start-up from what it measures (cache/_autocodec.py).
+COMPRESSIONS = ("none", "zstd", "planes", "auto")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class TierConfig:
         for b in ("verify", "fsync", "enable_kv_events", "start_degraded"):
             if b in kw and not isinstance(kw[b], bool):
                 raise SchemaError(b, f"expected true or false, got {kw[b]!r}")
-        compression = _choice("compression", kw.get("compression", "none"), ("none", "zstd", "planes"))
+        compression = _choice("compression", kw.get("compression", "none"), COMPRESSIONS)
         seal, seal_key, read_keys = _seal_params(kw.get("seal", "off"), kw.get("seal_key"), kw.get("seal_read_keys"),
                                                  compression)
         return cls(

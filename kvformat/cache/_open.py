@@ -3,16 +3,19 @@ I/O pool over an opened store, so an adapter configures one :class:`Cache` inste
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Hashable, Mapping, Sequence, TypeVar
 
 from ..format import CanonicalLayout, Provenance
 from ..layout import RowPlan
 from ..storage import Store
+from ._autocodec import CompressionChoice
 from ._config import TierConfig
 from ._jobs import CounterReport
 from ._log import CacheLog
 from ._lru import LRUIndex
+from ._measure import auto_compression
 from ._ops import RootOps
 from ._pool import DualPool
 from ._rows import RowEngine
@@ -24,7 +27,8 @@ K = TypeVar("K", bound=Hashable)
 class Cache(Generic[K]):
     """What an adapter drives: one index, one row engine per plan (``engines``, then ``more`` over the same rows),
     the root-level side (``ops``: None for a reader that neither bounds nor scans the root), the I/O pool and
-    the counters' report. The engines share counters, log, keyring and the root's health and bound."""
+    the counters' report. The engines share counters, log, keyring and the root's health and bound. ``config``
+    is the one the engines run with: ``compression="auto"`` replaced by the codec ``compression`` chose."""
 
     config: TierConfig
     store: Store
@@ -34,6 +38,7 @@ class Cache(Generic[K]):
     pool: DualPool
     report: CounterReport
     more: list[RowEngine] = field(default_factory=list)
+    compression: CompressionChoice = CompressionChoice("none")
 
     @property
     def engine(self) -> RowEngine:
@@ -55,8 +60,11 @@ def open_cache(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | Can
     plans over the same rows (another naming of the same chunks). ``root_log``: the log of the root-level side
     (probe, shared bound, scan, health, summary line described by ``describe``), started here; None for a reader
     rank, whose index is unbounded. ``engine_log``: the first engine's log. If the start fails every engine is
-    closed (no view of ``flat`` outlives it) and the error is raised.
+    closed (no view of ``flat`` outlives it) and the error is raised. ``compression="auto"`` is decided here, before
+    any engine exists, from the first plan's layout (:func:`_compression`).
     """
+    choice = _compression(config, store, plans, root_log is not None)
+    config = dataclasses.replace(config, compression=choice.codec)
     index = LRUIndex(config.max_bytes if root_log is not None else None)
     engines: dict[K, RowEngine] = {}
     first: RowEngine | None = None
@@ -71,7 +79,8 @@ def open_cache(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | Can
         first.log = engine_log
     ops = None
     if root_log is not None:
-        ops = RootOps(store, config, index, [*engines.values(), *extra], root_log, describe=describe)
+        ops = RootOps(store, config, index, [*engines.values(), *extra], root_log, describe=describe,
+                      compression=choice)
         try:
             ops.start()  # raises (naming the parameter) rather than start a cache that can never store
         except BaseException:
@@ -79,4 +88,17 @@ def open_cache(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | Can
                 eng.close()
             raise
     pool = DualPool(config.read_threads, config.write_threads, name=pool_name)
-    return Cache(config, store, index, engines, ops, pool, CounterReport(first.counters, index), extra)
+    return Cache(config, store, index, engines, ops, pool, CounterReport(first.counters, index), extra, choice)
+
+
+def _compression(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | CanonicalLayout],
+                 writes: bool) -> CompressionChoice:
+    """The codec this cache writes with: the operator's, or for ``"auto"`` the one measured on this root (a reader
+    rank, which never stores, measures nothing). One decision per root: every plan's files get the same codec."""
+    if config.compression != "auto":
+        return CompressionChoice(config.compression)
+    if not writes:
+        return CompressionChoice("none", "auto", "auto: a reader rank stores nothing; nothing measured")
+    plan = next(iter(plans.values()))
+    layout = plan.layout if isinstance(plan, RowPlan) else plan
+    return auto_compression(store, layout, config.compression_level)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..format import format_size
 from ..storage import Store, split_root
+from ._autocodec import CompressionChoice
 from ._config import TierConfig
 from ._health import RootHealth
 from ._log import CacheLog
@@ -40,13 +41,15 @@ class RootOps:
     """The root-level side of one cache (one adapter instance): see the module docstring."""
 
     def __init__(self, store: Store, cfg: TierConfig, index: LRUIndex, engines: list[RowEngine], log: CacheLog, *,
-                 describe: str = "") -> None:
+                 describe: str = "", compression: CompressionChoice | None = None) -> None:
         self.store = store
         self.cfg = cfg
         self.index = index
         self.engines = engines
         self.log = log
         self.describe = describe
+        # The codec stores use and, for "auto", why (the start-up line and the metrics say both).
+        self.compression = compression or CompressionChoice(cfg.compression)
         self.stop = threading.Event()
         self.progress = ScanProgress()
         self.health = RootHealth(store, cfg.root, log, start_degraded=cfg.start_degraded)
@@ -91,7 +94,7 @@ class RootOps:
         self.log.info("starting on %s (%s): %s; max_bytes=%s%s; %d read + %d write threads, verify=%s, "
                       "compression=%s, o_direct=%s, fsync=%s; root %s; scanning the root in the background",
                       self.store.root, self.backend, self.describe, self._bound(), self._shared_text(),
-                      self.cfg.read_threads, self.cfg.write_threads, self.cfg.verify, self.cfg.compression,
+                      self.cfg.read_threads, self.cfg.write_threads, self.cfg.verify, self.compression.describe(),
                       self.cfg.o_direct, self.cfg.fsync, self.health.state)
         self.scan.start()
         self._keeper.start()
@@ -187,7 +190,8 @@ class RootOps:
                       self.store.root, self.backend, self.describe, self._bound(), self._shared_text(), p.files,
                       format_size(p.bytes), p.seconds, f" (listing failed: {p.error})" if p.error else "",
                       format_size(self.index.used), len(self.index), self.cfg.read_threads, self.cfg.write_threads,
-                      self.cfg.verify, self.cfg.compression, self.health.state)
+                      self.cfg.verify, self.compression.codec + (" (auto)" if self.compression.mode == "auto" else ""),
+                      self.health.state)
 
     def gauges(self) -> dict[str, int]:
         """Point-in-time values for metrics: usage as this engine accounts it, the root's health, the shared

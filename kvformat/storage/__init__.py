@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._base import REPLACED, Quarantined, Store, StoreEntry
 from ._local import LocalStore, scan_entries
 from ._options import check_storage_options
-from ._probe import probe_store
+from ._probe import ReadSpeed, measure_read, probe_store
 from ._root import join_root, split_root
 from ._safepath import MOVED, open_in, unlink_in
 
@@ -47,7 +47,8 @@ __all__ = ["Store", "StoreEntry", "Quarantined", "LocalStore", "open_store", "sp
 
 # Used by other kvformat packages, which import this face, never its private modules (issue 44).
 __all__ += [
-    "MOVED", "REPLACED", "FsspecStore", "check_storage_options", "open_in", "probe_store", "scan_entries", "unlink_in",
+    "MOVED", "REPLACED", "FsspecStore", "ReadSpeed", "check_storage_options", "measure_read", "open_in", "probe_store",
+    "scan_entries", "unlink_in",
 ]
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import time
+from dataclasses import dataclass
 
 from ..format import CONTROL_DIR, host_tag
 from ._base import Store
 
-__all__ = ["PROBE_DIR", "PROBE_TIMEOUT_S", "probe_store"]
+__all__ = ["PROBE_DIR", "PROBE_TIMEOUT_S", "ReadSpeed", "measure_read", "probe_store"]
 
 PROBE_DIR = f"{CONTROL_DIR}/probe"
 PROBE_TIMEOUT_S = 30.0
@@ -50,3 +53,68 @@ def probe_store(store: Store, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, 
     except (OSError, ValueError) as e:
         return "delete", e
     return None
+
+
+@dataclass(frozen=True)
+class ReadSpeed:
+    """What :func:`measure_read` saw: the fastest read's GB/s, how many reads of ``nbytes`` it timed, and whether
+    each read came past the page cache (``cold``: a local root's file was dropped from it before each read)."""
+
+    gbps: float
+    reads: int
+    nbytes: int
+    cold: bool
+
+
+def measure_read(store: Store, nbytes: int, *, budget_s: float = 0.2, max_reads: int = 5,
+                 timeout_s: float = PROBE_TIMEOUT_S) -> ReadSpeed:
+    """Time whole reads of one probe object of ``nbytes`` random bytes under ``.kvformat/probe/``, through the
+    store's own read path, then delete it: at least one read, more until ``budget_s`` is spent or ``max_reads``.
+
+    On a root with local paths (a disk, NFS, a FUSE mount) the file is written back and dropped from the page cache
+    before each read (``posix_fadvise(DONTNEED)``), so the read comes from the device or the server, as a load of a
+    file not used lately does: a re-read from memory would say every root is fast. Random bytes: a filesystem that
+    compresses (ZFS, btrfs) must not read faster than it would the KV. Raises the store's OSError (or a
+    ValueError when the bytes read differ); a hung mount blocks here, so the caller bounds the wall time.
+    """
+    rel = f"{PROBE_DIR}/{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}.speed"
+    body = os.urandom(nbytes)
+    deadline = max(timeout_s, float(getattr(store, "timeout_s", 0.0)))
+    r = store.put_many([(rel, [body])], overwrite=False, timeout_s=deadline)[0]
+    if isinstance(r, BaseException):
+        raise r
+    local = store.local_path(rel) if store.is_local else None
+    cold = local is not None
+    best, reads, spent = float("inf"), 0, 0.0
+    try:
+        while reads < max(1, max_reads) and (reads == 0 or spent < budget_s):
+            if local is not None:
+                cold = _drop_cached(local) and cold
+            t0 = time.perf_counter()
+            many = getattr(store, "read_many_bytes", None)
+            got: object = many([rel], timeout_s=deadline)[0] if many is not None else store.read_bytes(rel)
+            dt = time.perf_counter() - t0
+            if isinstance(got, BaseException):
+                raise got
+            if got != body:
+                raise ValueError(f"the read-speed probe read back {len(got) if isinstance(got, bytes) else '?'} "
+                                 f"bytes that differ from the {nbytes} written")
+            best, reads, spent = min(best, dt), reads + 1, spent + dt
+    finally:
+        store.delete_many([rel], timeout_s=deadline)
+    return ReadSpeed(nbytes / max(best, 1e-9) / 1e9, reads, nbytes, cold)
+
+
+def _drop_cached(path: str) -> bool:
+    """Whether ``path``'s pages were dropped (False: a filesystem without fsync or fadvise; the read is warm)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # DONTNEED drops only clean pages, and the probe was just written
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS):
+            return False
+        raise
+    finally:
+        os.close(fd)

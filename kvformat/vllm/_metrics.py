@@ -65,7 +65,15 @@ _GAUGE_DOCS = {
     "evictor": "1 when this tier is its shared root's evictor (bounded roots only).",
     "scan_files": "Files the start-up scan of the root has listed so far.",
     "scan_done": "1 once the start-up scan of the root has finished.",
+    "root_read_gbps": "compression=\"auto\": the root's read speed measured at start-up through its store (GB/s of "
+                      "one chunk-sized file, past the page cache on a local path).",
+    "codec_decode_gbps": "compression=\"auto\": the planes codec's verified decode speed on one core, measured at "
+                         "start-up on a synthetic chunk of this deployment's layout (GB/s of payload).",
 }
+# The codec stores write with: 1 on the series whose labels name it and how it was set ("fixed" or "auto").
+_INFO_DOC = ("The codec this tier writes files with (label codec: none, zstd, planes) and how it was chosen (label "
+             "mode: fixed by the compression setting, or auto: measured at start-up); the value is always 1.")
+CODEC_LABELS = ("codec", "mode")
 
 
 def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -78,6 +86,8 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
                 for k, d in _REASON_DOCS.items()})
     out.update({METRIC_PREFIX + k: OffloadingGaugeMetadata(documentation=d, labelnames=tier)
                 for k, d in _GAUGE_DOCS.items()})
+    out[METRIC_PREFIX + "compression_info"] = OffloadingGaugeMetadata(documentation=_INFO_DOC,
+                                                                      labelnames=(TIER_LABEL, *CODEC_LABELS))
     return out
 
 
@@ -94,6 +104,10 @@ def connector_stats(report: CounterReport, ops: RootOps, tier_label: str) -> Off
         stats.increase_counter(METRIC_PREFIX + "store_failures_by_reason", d, (tier_label, reason))
     for k, v in ops.gauges().items():
         stats.set_gauge(METRIC_PREFIX + k, v, label)
+    c = ops.compression
+    stats.set_gauge(METRIC_PREFIX + "compression_info", 1, (tier_label, c.codec, c.mode))
+    for k, g in c.gauges().items():
+        stats.set_gauge(METRIC_PREFIX + k, g, label)
     return stats
 
 

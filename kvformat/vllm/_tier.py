@@ -73,8 +73,9 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
     ----------
     root: directory (or, with a remote-storage backend installed, URL) holding the namespaces.
     read_threads, write_threads: I/O threads preferring loads / stores (default 8 / 8).
-    compression: ``"none"`` (default), ``"zstd"`` or ``"planes"`` (spec §6.2); compression_level: zstd level
-        (default 3, 1 for planes).
+    compression: ``"none"`` (default), ``"zstd"``, ``"planes"`` (spec §6.2) or ``"auto"`` (planes or none, chosen
+        at start-up from the root's measured read speed and the codec's decode speed: docs/vllm.md);
+        compression_level: zstd level (default 3, 1 for planes and auto).
     verify: verify checksums on every load (default true).
     max_bytes: bound on the files under ``root`` (int or "500GiB"); default unbounded.
     o_direct: ``"off"`` (default: buffered I/O), ``"auto"``/``"on"`` (O_DIRECT payload reads where the
