@@ -6,10 +6,7 @@ both sides: tests/test_autocodec.py."""
 from __future__ import annotations
 
 import logging
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +14,8 @@ import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM is installed by tools/setup.sh")
 
-from vllm_harness import Deployment, kvf, kvf_files, make_keys, wait_for  # noqa: E402
+from hang_mount import hang_mount  # noqa: E402
+from vllm_harness import Deployment, kvf, kvf_files, make_keys  # noqa: E402
 
 import kvformat as K  # noqa: E402
 from kvformat.cache import choose_compression  # noqa: E402
@@ -100,22 +98,8 @@ def slow_mount(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple
     for d in (src, mnt):
         d.mkdir()
     ctl.write_text(getattr(request, "param", ""))
-    log = open(tmp_path / "hangfs.log", "w")
-    proc = subprocess.Popen([sys.executable, str(HERE / "hangfs.py"), str(src), str(mnt), str(ctl), str(DELAY_S)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        assert wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, 30) and os.path.ismount(mnt), \
-            f"the FUSE mount did not come up: {(tmp_path / 'hangfs.log').read_text()[-2000:]}"
+    with hang_mount(src, mnt, ctl, tmp_path / "hangfs.log", DELAY_S):
         yield mnt, ctl
-    finally:
-        ctl.write_text("")  # release every hung read before unmounting
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_auto_on_a_slow_root_chooses_planes(slow_mount: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:

@@ -10,8 +10,6 @@ acknowledgement, pinned by the stuck read, stops every deletion on the root.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -20,6 +18,7 @@ import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM is installed by tools/setup.sh")
 
+from hang_mount import hang_mount  # noqa: E402
 from vllm_harness import Deployment, kvf, kvf_files, make_keys, payloads, wait_for  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -36,22 +35,8 @@ def hung_mount(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     src.mkdir()
     mnt.mkdir()
     ctl.write_text("")
-    log = open(tmp_path / "hangfs.log", "w")
-    proc = subprocess.Popen([sys.executable, str(HERE / "hangfs.py"), str(src), str(mnt), str(ctl)], stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        assert wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, 30) and os.path.ismount(mnt), \
-            f"the FUSE mount did not come up: {(tmp_path / 'hangfs.log').read_text()[-2000:]}"
+    with hang_mount(src, mnt, ctl, tmp_path / "hangfs.log"):
         yield src, mnt, ctl
-    finally:
-        ctl.write_text("")  # release every hung read before unmounting
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_a_read_that_never_returns_is_a_miss_and_deletions_go_on(hung_mount: tuple[Path, Path, Path]) -> None:
