@@ -389,9 +389,12 @@ def heldout_phase(client: Client, a_server: Server, root: Path, out: dict[str, A
         before = refusals()
         a = client.send("A", ids, "heldout-store", max_tokens=HELDOUT_TOKENS)
         settle(root)  # A's store reaches the root off the request path (2 s was too short on the CI machine)
-        refused = refusals() - before
+        settled = time.monotonic()
         loaded = client.send("B", ids, "heldout-load", max_tokens=HELDOUT_TOKENS)
         fresh = client.send("B", ids, "heldout-recompute", max_tokens=HELDOUT_TOKENS, salt=f"heldout-{j}")
+        # A store past its grant waits up to three intervals (3 s) before it is refused: read A's counter after
+        time.sleep(max(0.0, settled + 4.0 - time.monotonic()))
+        refused = refusals() - before
         rows.append({"j": j, "A": a.get("text"), "B_loaded": loaded.get("text"), "B_recomputed": fresh.get("text"),
                      "B_cached_blocks": loaded.get("cached_blocks", 0), "B_cross_blocks": loaded.get("cross_blocks", 0),
                      "recomputed_cached_blocks": fresh.get("cached_blocks", 0), "A_stores_refused": refused})
