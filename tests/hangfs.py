@@ -5,7 +5,8 @@ stopped NFS server or MooseFS chunkserver, made on one host without either (issu
 ``umount -l``). CONTROL is a file of basenames or shell patterns (``*.speed``), one a line: a read() of a file
 with a matching name blocks (polling CONTROL) until the line is gone from it. Only payload-sized reads block
 (> 16 KiB): a header probe of the same file still answers, as on a mount whose metadata server lives but whose
-chunkserver stopped. DELAY_S (default 0): every payload-sized read request waits that long first, a slow root
+chunkserver stopped. A line that starts with ``!`` (``!state.json``) blocks every read of its files, small
+ones too (a control file on a stuck chunk). DELAY_S (default 0): every payload-sized read request waits that long first, a slow root
 (a distant NFS server, a throttled bucket) rather than a hung one. The mount uses direct_io, so the kernel passes
 each read through with its own size (no read-ahead merging them, no page cache serving a re-read).
 """
@@ -29,18 +30,32 @@ class HangFS(Operations):  # type: ignore[misc]
         self.source = os.path.realpath(source)
         self.control = control
         self.delay_s = delay_s
+        self._seen: tuple[int, int, int] | None = None
+        self._cached: set[str] = set()
 
     def _p(self, path: str) -> str:
         return os.path.join(self.source, path.lstrip("/"))
 
-    def _hung(self, path: str) -> bool:
+    def _names(self) -> set[str]:
+        # Re-read only when CONTROL changed: every read of the mount asks, small ones included.
         try:
-            with open(self.control) as f:
-                names = {line.strip() for line in f if line.strip()}
+            st = os.stat(self.control)
+            seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if seen != self._seen:
+                with open(self.control) as f:
+                    self._cached = {line.strip() for line in f if line.strip()}
+                self._seen = seen
         except OSError:
+            return set()
+        return self._cached
+
+    def _hung(self, path: str, size: int) -> bool:
+        names = self._names()
+        if not names:
             return False
         name = os.path.basename(path)
-        return any(fnmatch.fnmatchcase(name, n) for n in names)
+        return any(fnmatch.fnmatchcase(name, n[1:]) if n.startswith("!")
+                   else size > PAYLOAD_READ and fnmatch.fnmatchcase(name, n) for n in names)
 
     # -- metadata ---------------------------------------------------------------------------------------
     def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
@@ -99,7 +114,7 @@ class HangFS(Operations):  # type: ignore[misc]
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         if size > PAYLOAD_READ and self.delay_s:
             time.sleep(self.delay_s)
-        while size > PAYLOAD_READ and self._hung(path):
+        while self._hung(path, size):
             time.sleep(0.05)
         return bytes(self._call(os.pread, fh, size, offset))
 

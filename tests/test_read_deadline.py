@@ -95,3 +95,25 @@ def test_a_read_that_never_returns_is_a_miss_and_deletions_go_on(hung_mount: tup
         assert not b._rows.any(), "a read given up on wrote into the primary rows"
         print(f"\nhung read: miss after {waited:.2f} s (deadline {DEADLINE_S} s); evictions while it hung "
               f"{evicted}, stores {written} of {len(keys) - 4}; root {on_root} of {FILES * file_bytes} bytes")
+
+
+def test_a_follower_whose_round_hangs_answers_misses_it_counts(hung_mount: tuple[Path, Path, Path]) -> None:
+    """B's coordination round hangs reading the evictor's state (every read of state.json blocks): past ttl_s/2
+    its view is not current, so a chunk A stored is a miss for B, counted in stale_view_misses (issue 43: two
+    fresh-clone fleet runs answered B's hung prompt with misses no counter named). Released, B loads it."""
+    src, mnt, ctl = hung_mount
+    tier = {"max_bytes": 64 << 20, "shared_interval_s": 0.1, "read_deadline_s": DEADLINE_S}
+    with Deployment([kvf(src, **tier)], n_layers=4, num_chunks=8) as a, \
+            Deployment([kvf(mnt, **tier)], n_layers=4, num_chunks=8) as b:
+        shared = b.tier().ops.shared
+        assert wait_for(lambda: a.tier().ops.shared.is_evictor and shared.view_current(), 20)
+        keys = make_keys(2, salt="stale")
+        data = payloads(a, keys)
+        a.store(data)
+        ctl.write_text("!state.json\n")
+        assert wait_for(lambda: not shared.view_current(), 20)
+        assert b.load(keys[:1], timeout=30) == {keys[0]: None}
+        assert b.tier().counters()["stale_view_misses"] >= 1
+        ctl.write_text("")
+        assert wait_for(shared.view_current, 30)
+        assert b.load(keys[1:], timeout=30) == {keys[1]: data[keys[1]]}, b.tier().counters()

@@ -11,7 +11,7 @@ __all__ = ["COUNTERS", "Counters", "failure_reason"]
 COUNTERS = ("bytes_written", "files_written", "bytes_read", "files_read", "checksum_failures", "corrupt_files",
             "layout_mismatches", "replica_mismatches", "evictions", "evicted_bytes", "dedup_saved_bytes",
             "missing_files", "io_errors", "seal_failures", "unknown_key_files", "store_failures", "lookup_hits",
-            "lookup_misses", "load_deadline_misses", "late_reads_dropped")
+            "lookup_misses", "load_deadline_misses", "late_reads_dropped", "stale_view_misses")
 
 
 def failure_reason(e: BaseException) -> str:

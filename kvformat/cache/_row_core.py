@@ -151,6 +151,16 @@ class RowCore:
         is not doomed and this engine's view of the evictor is current."""
         return self._usable() and self.shared.may_read(rel)
 
+    def note_stale_view(self, what: str) -> None:
+        """Count (and log, rate-limited) a lookup or load answered a miss only because this engine's view of the
+        shared root is not current: without it such a miss looks like an empty cache."""
+        if self.shared.view_current():
+            return
+        self.counters.add(stale_view_misses=1)
+        self.warn("stale_view", "a %s was answered a miss: this engine's view of the shared root is not current "
+                  "(its coordination round has not finished within ttl_s/2: a slow mount or a starved process; "
+                  "counted in stale_view_misses)", what)
+
     def store_failed(self, reason: str) -> None:
         """Count a chunk not stored; an OS error also has the root examined at once (a mount that went away)."""
         self.counters.add_store_failure(reason)

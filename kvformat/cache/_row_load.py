@@ -39,6 +39,7 @@ class RowLoad(RowCore):
         shared = self.shared
         token = shared.read_begin(rel)
         if token is None:  # doomed by the shared root's evictor, or no current view of it
+            self.note_stale_view("load")
             return None
         since = self.index.pin(rel)
         try:

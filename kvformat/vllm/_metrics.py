@@ -45,6 +45,9 @@ _COUNTER_DOCS = {
                             "for (a hung mount or a stalled server).",
     "late_reads_dropped": "Reads given up on at read_deadline_s that returned later: their bytes were dropped, "
                           "never written into KV memory.",
+    "stale_view_misses": "Lookups and loads answered a miss because this engine's view of the shared root was not "
+                         "current (its coordination round had not finished within ttl_s/2: a slow mount or a "
+                         "starved process).",
 }
 _REASON_DOCS = {
     "store_failures_by_reason": "Chunks not stored, by reason: an errno name (ENOSPC, EROFS, EACCES, ENOENT), "

@@ -233,6 +233,8 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
             return LookupResult.RETRY
         hit = found and rel in self.index and eng.can_read(rel)
         counters.add(**{"lookup_hits" if hit else "lookup_misses": 1})
+        if not hit:
+            eng.note_stale_view("lookup")
         return LookupResult.HIT if hit else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:

@@ -26,6 +26,8 @@ from ._state import Holding
 __all__ = ["SharedBound"]
 
 
+_LATE, _SLOW = "shared:late_round", "shared:slow_round"  # log reasons (rate-limited each)
+
 class SharedBound:
     """This engine's part in bounding a shared root (see :mod:`kvformat.cache.shared`). Thread-safe; :meth:`tick`
     runs on one housekeeping thread, every ``interval_s``.
@@ -47,6 +49,7 @@ class SharedBound:
         self.counters = counters
         self.interval_s = interval_s
         self.ttl_s = ttl_s if ttl_s is not None else max(10 * interval_s, 2.0)
+        self._last_round = time.monotonic()  # the previous tick began (a late one is logged: tick())
         self.id = f"{host_tag()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.journal_rel = f"{ENGINES_DIR}/{self.id}.json"  # written as a follower, deleted on taking the lease
         self.wait_s = 3 * interval_s
@@ -143,6 +146,13 @@ class SharedBound:
             return relpath not in h.doomed
         return self.follower.may_read(relpath)
 
+    def view_current(self) -> bool:
+        """Whether this engine may read at all now: the evictor, or a follower admitted by a state applied within
+        ttl_s/2 (False: every lookup and load is a miss until its coordination round catches up)."""
+        if self.evictor.holding is not None:
+            return True
+        return self.follower.current()
+
     def read_begin(self, relpath: str) -> int | None:
         """Call before reading ``relpath``; None means do not (a miss). Pass the token to :meth:`read_end`."""
         with self.ledger.lock:
@@ -187,17 +197,31 @@ class SharedBound:
         logged (rate-limited) and retried at the next tick."""
         if self.ledger.closed:
             return
+        t0 = time.monotonic()
+        gap, self._last_round = t0 - self._last_round, t0
+        if gap > self.ttl_s / 2:  # the housekeeping thread was not run (a starved process, a stuck health check)
+            self.log.warn(_LATE, "this engine's coordination rounds of the shared root were %.1f s "
+                          "apart, over ttl_s/2=%.1f s (interval %.1f s): a starved process or a slow root",
+                          gap, self.ttl_s / 2, self.interval_s)
         try:
             if self.evictor.holding is not None:
                 self.evictor.tick()
+                self._warn_slow(t0, "followers take the lease over from an evictor silent for ttl_s")
             else:
                 take = self.follower.tick()
                 if take is not None:
                     self.evictor.take_over(*take)
+                self._warn_slow(t0, "meanwhile this engine answered misses and refused stores (stale_view_misses)")
         except Exception as e:  # storage errors, or a foreign/garbled control file: the next tick tries again
             self.log.warn("shared:" + type(e).__name__, "coordinating the shared root failed: %s: %s (retried every "
                           "%.1f s; a follower serves misses and stores nothing while it cannot see the evictor's "
                           "state)", type(e).__name__, e, self.interval_s)
+
+    def _warn_slow(self, t0: float, what: str) -> None:
+        took = time.monotonic() - t0
+        if took > self.ttl_s / 2:
+            self.log.warn(_SLOW, "a coordination round of the shared root took %.1f s, over ttl_s/2="
+                          "%.1f s (a slow mount or a starved process): %s", took, self.ttl_s / 2, what)
 
     def close(self) -> None:
         """Leave the root: a follower's last journal says it is gone; the evictor publishes a released state

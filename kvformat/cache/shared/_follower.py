@@ -75,6 +75,9 @@ class Follower:
     def fresh(self) -> bool:
         return time.monotonic() - self._fresh_at <= self.ttl_s / 2
 
+    def current(self) -> bool:
+        return self._admitted and self.fresh()
+
     def admit(self, nbytes: int) -> str | None:
         if not self.fresh() or not self._admitted:
             return "coordination"  # no current state from the evictor: nothing may be added blindly

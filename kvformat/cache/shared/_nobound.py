@@ -42,6 +42,9 @@ class NoBound:
     def may_read(self, relpath: str) -> bool:
         return True
 
+    def view_current(self) -> bool:
+        return True
+
     def read_begin(self, relpath: str) -> int | None:
         return -1  # a token read_end ignores, as the evictor's
 
