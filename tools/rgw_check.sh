@@ -18,7 +18,12 @@ trap 'bash "$HERE/rgw_down.sh" >/dev/null 2>&1' EXIT
 t0=$SECONDS
 ENV=$(KVFORMAT_VENV=${KVFORMAT_VENV:-$REPO/.venv} bash "$HERE/rgw_up.sh" 2>"$OUT/up.log")
 up=$?
-if [ $up != 0 ]; then tail "$OUT/up.log" >&2; [ $up = 2 ] && exit 2; exit 3; fi
+if [ $up != 0 ]; then
+  # The daemons' own logs go with the state directory (rgw_down.sh at exit): keep them for the diagnosis.
+  cp -r "$D/log" "$OUT/ceph-log" 2>/dev/null || true
+  tail "$OUT/up.log" >&2; echo "rgw_check: the daemons' logs: $OUT/ceph-log" >&2
+  [ $up = 2 ] && exit 2; exit 3
+fi
 t_up=$((SECONDS - t0))
 # The S3 modules as they run in the main suite on moto, here on the gateway (tests/s3_server.py switches on
 # KVFORMAT_RGW_ENV), plus the faults only a real gateway produces (tests/test_rgw_faults.py).
