@@ -430,8 +430,28 @@ def _common_words(a: str | None, b: str | None) -> int:
 def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out: dict[str, Any],
                checks: dict[str, Any], t_start: float) -> dict[str, Any]:
     """A prompt A stores; the payload reads of its files on B's mount made to hang; B asks for it while A keeps
-    serving prompts of its own that make it store and evict."""
-    probe = [2 * 10**9 + i for i in range(8)]
+    serving prompts of its own that make it store and evict.
+
+    A try in which B's view of the shared root was not current (B's own stale_view_misses counter moved and no load
+    reached the deadline) never read the hung files: B answered misses without reading, as it must while it cannot
+    see the evictor. That try is reported and a second one, with another prompt, is made (two fresh-clone CI runs
+    at 4adbffe and 5af5006 had such a try: B answered in 15.9 s / 10.8 s, 0 deadline misses)."""
+    tries: list[dict[str, Any]] = []
+    for attempt in range(2):
+        r, hung, side = hang_try(client, a, b, root, ctl, t_start, attempt)
+        tries.append(r)
+        if r["B_load_deadline_misses"] >= 1 or not r["B_stale_view_misses"]:
+            break
+    last = tries[-1]
+    checks["hung_read_answered_as_a_miss"] = all(t["B_answered"] for t in tries) and last["B_load_deadline_misses"] >= 1
+    checks["others_stored_and_evicted_during_hang"] = all(
+        t["A_answered_during"] == 6 and t["A_evictions_during"] > 0 and t["A_files_written_during"] > 0 for t in tries)
+    return {**last, "tries": tries}
+
+
+def hang_try(client: Client, a: Server, b: Server, root: Path, ctl: Path, t_start: float,
+             attempt: int) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    probe = [2 * 10**9 + 1000 * attempt + i for i in range(8)]
     before = set(root.rglob("*.kvf"))
     assert client.send("A", probe, "hang-store")["ok"]
     time.sleep(3)
@@ -442,7 +462,8 @@ def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out:
     hung: dict[str, Any] = {}
     th = threading.Thread(target=lambda: hung.update(client.send("B", probe, "hang-load")))
     th.start()
-    side = [client.send("A", [3 * 10**9 + 100 * j + i for i in range(MAX_IDS)], "during-hang") for j in range(6)]
+    side = [client.send("A", [3 * 10**9 + 10**6 * attempt + 100 * j + i for i in range(MAX_IDS)], "during-hang")
+            for j in range(6)]
     th.join(120)
     ma1, mb1 = a.metrics(), b.metrics()
     ctl.write_text("")
@@ -450,15 +471,14 @@ def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out:
     def delta(m0: dict[str, float], m1: dict[str, float], name: str) -> float:
         return tier_metric(m1, name) - tier_metric(m0, name)
 
-    misses = delta(mb0, mb1, "vllm:kv_offload_kvformat_load_deadline_misses")
-    evicted = delta(ma0, ma1, "vllm:kv_offload_kvformat_evictions")
-    stored = delta(ma0, ma1, "vllm:kv_offload_kvformat_files_written")
-    checks["hung_read_answered_as_a_miss"] = bool(hung.get("ok")) and misses >= 1
-    checks["others_stored_and_evicted_during_hang"] = all(x["ok"] for x in side) and evicted > 0 and stored > 0
-    return {"fault": "hung read on B", "t": round(t_hang - t_start, 1), "files": len(new),
-            "B_answered": hung.get("ok", False), "B_answer_s": round(hung.get("s", -1), 2),
-            "B_load_deadline_misses": misses, "A_answered_during": sum(x["ok"] for x in side),
-            "A_evictions_during": evicted, "A_files_written_during": stored, "deadline_s": DEADLINE_S}
+    r = {"fault": "hung read on B", "t": round(t_hang - t_start, 1), "files": len(new),
+         "B_answered": bool(hung.get("ok", False)), "B_answer_s": round(hung.get("s", -1), 2),
+         "B_load_deadline_misses": delta(mb0, mb1, "vllm:kv_offload_kvformat_load_deadline_misses"),
+         "B_stale_view_misses": delta(mb0, mb1, "vllm:kv_offload_kvformat_stale_view_misses"),
+         "A_answered_during": sum(x["ok"] for x in side),
+         "A_evictions_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_evictions"),
+         "A_files_written_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_files_written"), "deadline_s": DEADLINE_S}
+    return r, hung, side
 
 
 def main() -> int:
