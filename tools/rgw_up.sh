@@ -164,7 +164,7 @@ ceph-osd -c "$D/ceph.conf" -i "$ID" --mkfs --osd-uuid "$OSD_UUID" >>"$D/log/osd-
   || { echo "rgw_up: OSD mkfs failed" >&2; tail -5 "$D/log/osd-mkfs.out" >&2; exit 3; }
 # Up to 3 starts: the OSD's first command to the monitor can go out before its monitor client has the monmap
 # (the monitor logs "handle_command on fsid 00000000-… != <ours>"); the OSD then logs "mon_cmd_maybe_osd_create
-# fail: 'wrong fsid'" and exits. Seen once in 14 start-ups here (and in one CI run); a restart of the same OSD,
+# fail: 'wrong fsid'" and exits. Seen in 1 of 9 start-ups here (and in one CI run); a restart of the same OSD,
 # whose memstore was saved at mkfs, boots.
 ok=0
 for start in 1 2 3; do
