@@ -6,9 +6,10 @@ stopped NFS server or MooseFS chunkserver, made on one host without either (issu
 with a matching name blocks (polling CONTROL) until the line is gone from it. Only payload-sized reads block
 (> 16 KiB): a header probe of the same file still answers, as on a mount whose metadata server lives but whose
 chunkserver stopped. A line that starts with ``!`` (``!state.json``) blocks every read of its files, small
-ones too (a control file on a stuck chunk). DELAY_S (default 0): every payload-sized read request waits that long first, a slow root
-(a distant NFS server, a throttled bucket) rather than a hung one. The mount uses direct_io, so the kernel passes
-each read through with its own size (no read-ahead merging them, no page cache serving a re-read).
+ones too (a control file on a stuck chunk). DELAY_S (default 0): every payload-sized read request waits that
+long first, a slow root (a distant NFS server, a throttled bucket) rather than a hung one. The mount uses
+direct_io, so the kernel passes each read through with its own size (no read-ahead merging them, no page cache
+serving a re-read).
 """
 
 from __future__ import annotations

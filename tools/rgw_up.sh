@@ -77,7 +77,8 @@ PYEOF
 )
 if [ -n "$held" ]; then
   for p in $held; do
-    echo "rgw_up: port $p on 127.0.0.1 is in use by another process (another Ceph cluster?):"       "$(ss -ltnpH "sport = :$p" 2>/dev/null | head -1)" >&2
+    echo "rgw_up: port $p on 127.0.0.1 is in use by another process (another Ceph cluster?):" \
+      "$(ss -ltnpH "sport = :$p" 2>/dev/null | head -1)" >&2
   done
   echo "rgw_up: set KVF_RGW_MON_PORT / KVF_RGW_PORT, or stop it (tools/rgw_down.sh with its KVF_RGW_DIR)" >&2
   exit 3

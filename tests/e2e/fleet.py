@@ -438,7 +438,7 @@ def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out:
     at 4adbffe and 5af5006 had such a try: B answered in 15.9 s / 10.8 s, 0 deadline misses)."""
     tries: list[dict[str, Any]] = []
     for attempt in range(2):
-        r, hung, side = hang_try(client, a, b, root, ctl, t_start, attempt)
+        r = hang_try(client, a, b, root, ctl, t_start, attempt)
         tries.append(r)
         if r["B_load_deadline_misses"] >= 1 or not r["B_stale_view_misses"]:
             break
@@ -450,7 +450,7 @@ def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out:
 
 
 def hang_try(client: Client, a: Server, b: Server, root: Path, ctl: Path, t_start: float,
-             attempt: int) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+             attempt: int) -> dict[str, Any]:
     probe = [2 * 10**9 + 1000 * attempt + i for i in range(8)]
     before = set(root.rglob("*.kvf"))
     assert client.send("A", probe, "hang-store")["ok"]
@@ -471,14 +471,13 @@ def hang_try(client: Client, a: Server, b: Server, root: Path, ctl: Path, t_star
     def delta(m0: dict[str, float], m1: dict[str, float], name: str) -> float:
         return tier_metric(m1, name) - tier_metric(m0, name)
 
-    r = {"fault": "hung read on B", "t": round(t_hang - t_start, 1), "files": len(new),
+    return {"fault": "hung read on B", "t": round(t_hang - t_start, 1), "files": len(new),
          "B_answered": bool(hung.get("ok", False)), "B_answer_s": round(hung.get("s", -1), 2),
          "B_load_deadline_misses": delta(mb0, mb1, "vllm:kv_offload_kvformat_load_deadline_misses"),
          "B_stale_view_misses": delta(mb0, mb1, "vllm:kv_offload_kvformat_stale_view_misses"),
          "A_answered_during": sum(x["ok"] for x in side),
          "A_evictions_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_evictions"),
          "A_files_written_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_files_written"), "deadline_s": DEADLINE_S}
-    return r, hung, side
 
 
 def main() -> int:

@@ -28,6 +28,7 @@ __all__ = ["SharedBound"]
 
 _LATE, _SLOW = "shared:late_round", "shared:slow_round"  # log reasons (rate-limited each)
 
+
 class SharedBound:
     """This engine's part in bounding a shared root (see :mod:`kvformat.cache.shared`). Thread-safe; :meth:`tick`
     runs on one housekeeping thread, every ``interval_s``.
