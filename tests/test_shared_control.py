@@ -59,11 +59,9 @@ class Engine:
         self.n += 1
         rel = f"ns/{tag}/{self.n:06d}.kvf"
         self.store.put(rel, [_payload(rel)], overwrite=True)
+        self.sb.wrote(rel, FILE)  # as the row engine does (cache/_row_store.py), in either role
         if self.sb.is_evictor:
-            self.sb.unreserve(FILE)
             self.sb.evict(self.index.add(rel, FILE))
-        else:
-            self.sb.wrote(rel, FILE)
         return rel
 
 

@@ -9,6 +9,7 @@ follower). Same harness as tests/test_shared_control.py: SharedBound engines on 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,7 +18,9 @@ from typing import Callable
 
 import pytest
 
-from test_shared_control import FILE, MAX, Engine, _start, pump
+from kvformat.cache.shared._journal import parse_journal
+from kvformat.errors import ControlRecordError
+from test_shared_control import FILE, MAX, Engine, _kvf_bytes, _payload, _start, pump
 
 
 def _ghosts(e: Engine, root: str) -> list[str]:
@@ -252,3 +255,93 @@ def test_a_silent_followers_writes_stay_counted_until_it_is_gone(tmp_path: Path)
     a.sb.tick()
     a.sb.tick()
     assert h.alone and b.sb.id not in h.views
+
+
+def _fill(e: Engine, tag: str) -> list[str]:
+    """Stores until ``e``'s grant is used up; what it stored."""
+    out = []
+    while (rel := e.store_one(tag)) is not None:
+        out.append(rel)
+    return out
+
+
+def test_a_starved_evictors_writes_still_landing_after_it_stepped_down_are_counted(tmp_path: Path) -> None:
+    """The lease moves from an evictor that is alive but starved (fleet run at da6c35a, 2 cores: the TP=1 server's
+    round took 11.2 s, the restarted TP=2 server took the lease). Its stores admitted as the evictor go on landing:
+    some before it notices the newer lease (indexed in its own index only, never journaled, and after the new
+    evictor's listing), some after (it is a follower by then). The new evictor left it one allowance only until
+    it acknowledged a state; after that its uncounted bytes were taken to be within the new grants: the root went
+    21 files over max_bytes for 26 s. Here the former evictor journals its writes since its last pass and the
+    bytes it admitted and has not written; the root's .kvf bytes never pass max_bytes."""
+    root = str(tmp_path)
+    a, b = _start(root)
+    for e in (a, b):
+        e.sb.wait_s = 0.0  # a refused store fails at once: the test fills each grant in a loop
+    for _ in range(12):  # the root fills up and eviction runs
+        for e, tag in ((a, "a"), (b, "b")):
+            e.sb.tick()
+            _fill(e, tag)
+            assert _kvf_bytes(root) <= MAX
+    pump([a, b], 4, store=False)  # deletions go through: a grants itself up to an allowance; b watches a's last state
+    inflight = 0  # a's stores admitted as the evictor and not yet written
+    while a.sb._admit(FILE) is None:
+        inflight += 1
+    assert inflight >= 2, "the premise: the evictor has room of its own to write under"
+    time.sleep(1.2 * a.sb.ttl_s)  # a is starved: b takes the lease while a still believes it holds it
+    b.sb.tick()
+    assert b.sb.is_evictor and a.sb.is_evictor and wait_scanned(b)
+
+    def land(n: int) -> None:
+        for _ in range(n):
+            a.n += 1
+            rel = f"ns/a/late{a.n:06d}.kvf"
+            a.store.put(rel, [_payload(rel)], overwrite=True)
+            a.sb.wrote(rel, FILE)
+            a.sb.evict(a.index.add(rel, FILE))
+
+    early = inflight // 2
+    land(early)  # land after b listed the root, while a is still the evictor
+    a.sb.tick()  # a sees the newer lease and steps down
+    assert not a.sb.is_evictor
+    late = inflight - early
+    h = b.sb.holding
+    assert h is not None
+    peak = 0
+    for _ in range(24):
+        b.sb.tick()
+        _fill(b, "b")
+        peak = max(peak, _kvf_bytes(root))
+        a.sb.tick()
+        v = h.views[a.sb.id]
+        # The rest of a's stores land once b takes a to write under b's grants alone, and those allow less
+        # than what is still in flight (the hole: b's grant and a's late writes together pass max_bytes).
+        if late and v.ack is not None and v.ack[0] == h.gen and \
+                max(g for seq, g in h.grants.items() if seq >= v.ack[1]) < late * FILE:
+            land(late)
+            late = 0
+        _fill(a, "a")
+        peak = max(peak, _kvf_bytes(root))
+    assert late == 0, "the premise: b granted a less than a still had in flight"
+    assert peak <= MAX, f"{(peak - MAX) // FILE} files over max_bytes after the lease moved"
+
+
+def test_the_journal_says_what_is_in_flight_and_a_bad_or_huge_claim_holds_back_no_more_than_one_allowance(
+        tmp_path: Path) -> None:
+    root = str(tmp_path)
+    a, b = _start(root)
+    assert b.sb.may_write(FILE) is None and b.sb.may_write(FILE) is None  # two stores admitted, not written
+    b.sb.tick()
+    raw = Path(root, b.sb.journal_rel).read_bytes()
+    assert json.loads(raw)["reserved"] == 2 * FILE and parse_journal(raw, 0).reserved == 2 * FILE
+    doc = json.loads(raw)
+    for bad in (-1, True, "4096", 1.5, (1 << 40) + 1):
+        with pytest.raises(ControlRecordError) as e:
+            parse_journal(json.dumps({**doc, "reserved": bad}).encode(), 0)
+        assert e.value.why == "reserved"
+    del doc["reserved"]
+    assert parse_journal(json.dumps(doc).encode(), 0).reserved == 0  # an older version's journal
+    a.sb.tick()
+    h = a.sb.holding
+    assert h is not None and h.views[b.sb.id].reserved == 2 * FILE
+    h.views[b.sb.id].reserved = 1 << 40  # a peer claiming more than any grant
+    assert a.sb.evictor._exposure(h, h.views[b.sb.id]) == a.sb.allowance

@@ -11,9 +11,11 @@ listing of one directory. No POSIX lock is used (they do not work over many NFS 
   clock is compared across hosts), at once when the evictor released the root on shutdown, or when its holder is
   provably dead (a process of this kernel boot and PID namespace that no longer runs).
 * **Journals.** Every other engine (a *follower*) rewrites ``engines/<engine id>.json`` each tick: a heartbeat,
-  its acknowledgement (below) and the records it has not seen merged yet (files it wrote, read, found gone). An
-  engine deletes its journal when it takes the lease; a journal merged for the first time may be old (a dead
-  engine's), so the writes it names are indexed only if their files are still there.
+  its acknowledgement (below), the bytes it admitted and has not written yet (``reserved``) and the records it has
+  not seen merged yet (files it wrote, read, found gone). An engine deletes its journal when it takes the lease; a
+  journal merged for the first time may be old (a dead engine's), so the writes it names are indexed only if their
+  files are still there. An evictor that loses the lease journals, as a follower, its own writes since the pass
+  before its last (a successor's listing may have missed them).
 * **The evictor** merges the journals into its own LRU index (the root-wide usage view, refreshed incrementally;
   rebuilt by a scan when it takes over), keeps it under ``max_bytes`` and publishes ``state.json``: the usage,
   each engine's merged record number, each follower's write allowance and the files it *doomed* (chose to evict).
@@ -23,7 +25,8 @@ listing of one directory. No POSIX lock is used (they do not work over many NFS 
   so that ``counted + followers' exposure + N * g <= max_bytes``, where ``counted`` is the indexed bytes, the writes
   in flight and the doomed files not yet deleted, and a follower's exposure is the largest grant it may still be
   using (any grant published since the last state it acknowledged; ``allowance``, the largest grant there is, for
-  one that acknowledged no state of this evictor). Dooming moves bytes from indexed to doomed, so it never makes
+  one that acknowledged no state of this evictor), and at least its journal's ``reserved`` up to ``allowance`` (a
+  former evictor's stores admitted under its own last grant). Dooming moves bytes from indexed to doomed, so it never makes
   room by itself: deletions do, and grants shrink while they are pending. Each pass dooms files until the indexed
   bytes fit ``target = max(max_bytes - N * allowance, max_bytes // 2)``, which leaves the full allowance once
   deletions are through. So the bytes of ``.kvf`` files under the root never exceed ``max_bytes``, whatever the

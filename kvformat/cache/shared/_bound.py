@@ -115,6 +115,8 @@ class SharedBound:
             self.ledger.reserved = max(0, self.ledger.reserved - nbytes)
             if self.evictor.holding is None:
                 self.follower.record(relpath, "w", nbytes, pred)
+            else:
+                self.evictor.wrote_locked(relpath, nbytes, pred)
 
     def used(self, relpath: str) -> None:
         """A load or store found ``relpath``: recency for the evictor's LRU order."""

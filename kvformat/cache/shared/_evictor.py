@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from ...format import host_tag
@@ -14,7 +15,7 @@ from .._log import CacheLog
 from .._lru import LRUIndex
 from ._control import Control
 from ._follower import Follower, Ledger
-from ._journal import JournalMerge
+from ._journal import MAX_PENDING, JournalMerge
 from ._lease import Leases
 from ._state import STATE_FILE, Holding, View, grant, shared_target
 
@@ -48,6 +49,13 @@ class Evictor:
         self.holding: Holding | None = None
         self.since_pass = 0  # bytes admitted since its last pass began
         self._own_grant = 0  # what its last pass granted itself
+        # Its own writes since the pass before its last (monotonic time, path, bytes, predecessor): journaled if it
+        # loses the lease, since a successor's listing may have missed them (_step_down).
+        self._recent: deque[tuple[float, str, int, str | None]] = deque(maxlen=MAX_PENDING)
+
+    def wrote_locked(self, relpath: str, nbytes: int, pred: str | None) -> None:
+        """A store of this engine published ``relpath`` while it held the lease (``ledger.lock`` held)."""
+        self._recent.append((time.monotonic(), relpath, nbytes, pred))
 
     def admit(self, h: Holding, nbytes: int) -> str | None:
         """Admit a store of this engine while it holds ``h`` (``ledger.lock`` held)."""
@@ -134,6 +142,15 @@ class Evictor:
             self.holding = None
             self.follower.stepped_down_locked()
             self._own_grant = 0
+            # A successor takes the lease ttl_s after this engine's last state and then lists the root: writes that
+            # landed since the pass before may be missing from its listing, and as the evictor this engine
+            # journaled none. Journaled now as a follower's, they are counted (a file already indexed is only
+            # touched). Its stores admitted and still in flight go into its journal's "reserved" (Follower.journal).
+            # Without either, a starved TP=1 server that lost the lease in the fleet run at da6c35a left writes
+            # nobody counted: the root went 21 files over max_bytes for 26 s.
+            for _, rel, size, pred in self._recent:
+                self.follower.record(rel, "w", size, pred)
+            self._recent.clear()
         self.index.max_bytes = None
         self.index.forget(list(h.doomed))  # not deleted: the new evictor's scan finds them on storage
 
@@ -173,6 +190,9 @@ class Evictor:
         self.evict(self.index.victims(limit=target))
         state = self._next_state(h, live, exposed, target)
         self.control.put(STATE_FILE, json.dumps(state, separators=(",", ":")).encode(), overwrite=True)
+        with self.ledger.lock:  # the pass before this one's state was published: a successor's listing has those
+            while self._recent and self._recent[0][0] < h.last_ok:
+                self._recent.popleft()
         h.last_ok = now
 
     def _live(self, h: Holding, now: float) -> dict[str, View]:
@@ -227,7 +247,11 @@ class Evictor:
     def _exposure(self, h: Holding, v: View) -> int:
         """The largest grant follower ``v`` may still be writing under: any published since the state it last
         acknowledged (its acknowledgement may be older than what it applied: conservative), or the allowance
-        for one that acknowledged none of this evictor's states."""
+        for one that acknowledged none of this evictor's states; and at least what its journal says it admitted
+        and has not written (a former evictor's stores admitted under its own grant), up to the allowance (the
+        most any engine is granted: a journal claiming more holds back no more than one that acknowledges
+        nothing)."""
         if v.ack is None or v.ack[0] != h.gen:
             return self.allowance
-        return max((g for seq, g in h.grants.items() if seq >= v.ack[1]), default=self.allowance)
+        granted = max((g for seq, g in h.grants.items() if seq >= v.ack[1]), default=self.allowance)
+        return max(granted, min(v.reserved, self.allowance))

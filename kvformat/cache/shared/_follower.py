@@ -129,7 +129,7 @@ class Follower:
     def journal(self, gone: bool = False) -> bytes:
         """This engine's next journal (``gone``: its last, on leaving the root)."""
         with self.ledger.lock:
-            doc = self.records.doc(self.id, os.getpid(), self._ack_locked(), gone)
+            doc = self.records.doc(self.id, os.getpid(), self._ack_locked(), gone, self.ledger.reserved)
         return json.dumps(doc, separators=(",", ":")).encode()
 
     # -- what the evictor side changes ---------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Engine journals, ``engines/<engine id>.json``: what a follower writes each tick (a heartbeat, its
-acknowledgement and the records the evictor has not merged yet: files it wrote, read, found gone), how a journal
+acknowledgement, the bytes it admitted and has not written yet, and the records the evictor has not merged yet:
+files it wrote, read, found gone), how a journal
 is parsed and checked, and how the evictor merges the journals into its index (the protocol:
 :mod:`kvformat.cache.shared`)."""
 
@@ -13,7 +14,8 @@ from ...errors import ControlRecordError
 from ...format import CONTROL_DIR
 from ...format import host_tag
 from .._lru import LRUIndex
-from ._checks import ENGINE_ID, MAX_CONTROL_BYTES, MAX_GEN, check_int, check_relpath, check_size, load_doc
+from ._checks import (ENGINE_ID, MAX_CONTROL_BYTES, MAX_FILE_BYTES, MAX_GEN, check_int, check_relpath, check_size,
+                      load_doc)
 from ._control import Control
 from ._state import Holding, Key, View
 
@@ -28,7 +30,8 @@ _READ = "control:read"  # the log-once reason of a control read that failed or s
 class Journal:
     """One follower's journal, checked. ``records``: (seq, op, relpath, size, pred) past ``merged``, in order (``pred``:
     the chunk before ``relpath`` in the prompt that stored it, from an optional fifth field ``{"pred": path}``, or
-    None); ``bad``: the records skipped."""
+    None); ``bad``: the records skipped; ``reserved``: the bytes its stores admitted and not yet written (0 when
+    absent: a journal of an older version)."""
 
     id: str
     beat: int
@@ -36,6 +39,7 @@ class Journal:
     gone: bool
     records: list[tuple[int, str, str, int, str | None]]
     bad: list[ControlRecordError]
+    reserved: int = 0
 
 
 def parse_journal(raw: bytes, merged: int) -> Journal:
@@ -47,6 +51,7 @@ def parse_journal(raw: bytes, merged: int) -> Journal:
     if not isinstance(ident, str) or not ENGINE_ID.fullmatch(ident):
         raise ControlRecordError("id", "engine id not of the expected shape")
     beat = check_int(doc.get("beat"), 0, 2**62, "beat")
+    reserved = check_int(doc.get("reserved", 0), 0, MAX_FILE_BYTES, "reserved")
     ack_raw = doc.get("ack")
     ack = None
     if ack_raw:
@@ -76,7 +81,7 @@ def parse_journal(raw: bytes, merged: int) -> Journal:
             last = seq
         except ControlRecordError as e:
             bad.append(e)
-    return Journal(ident, beat, ack, doc.get("gone") is True, out, bad)
+    return Journal(ident, beat, ack, doc.get("gone") is True, out, bad, reserved)
 
 
 class Records:
@@ -117,12 +122,14 @@ class Records:
         self.pending.clear()
         self.unmerged = 0
 
-    def doc(self, engine_id: str, pid: int, ack: Key, gone: bool) -> dict[str, Any]:
-        """The next journal (a new heartbeat) of engine ``engine_id``."""
+    def doc(self, engine_id: str, pid: int, ack: Key, gone: bool, reserved: int = 0) -> dict[str, Any]:
+        """The next journal (a new heartbeat) of engine ``engine_id`` (``reserved``: its bytes admitted and not
+        yet written)."""
         self.beat += 1
         return {"id": engine_id, "host": host_tag(), "pid": pid, "beat": self.beat, "ack": list(ack),
-                "gone": gone, "records": [[v[0], v[1], rel, v[2]] + ([{"pred": v[3]}] if v[3] else [])
-                                          for rel, v in self.pending.items()]}
+                "gone": gone, "reserved": reserved,
+                "records": [[v[0], v[1], rel, v[2]] + ([{"pred": v[3]}] if v[3] else [])
+                            for rel, v in self.pending.items()]}
 
 
 class JournalMerge:
@@ -195,6 +202,7 @@ class JournalMerge:
         if j.beat != v.beat:
             v.beat, v.seen_at = j.beat, now
         v.ack = j.ack
+        v.reserved = j.reserved
         absent = self._absent(h, j.records) if first else set()
         link = getattr(self.index, "link", None)  # a prefix-aware index (cache/_prefix.py) learns chains
         for seq, op, relpath, size, pred in j.records:

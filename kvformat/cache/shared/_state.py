@@ -56,6 +56,7 @@ class View:
     seen_at: float = 0.0  # evictor's monotonic clock when the beat last changed
     merged: int = 0  # last record number merged
     ack: Key | None = None
+    reserved: int = 0  # its bytes admitted and not yet written, as its last journal said
     gone: bool = False
     lost: bool = False  # not live at the last pass (its journal unchanged for ttl_s): logged when it changes
 
