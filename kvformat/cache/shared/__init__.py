@@ -20,18 +20,18 @@ listing of one directory. No POSIX lock is used (they do not work over many NFS 
   rebuilt by a scan when it takes over), keeps it under ``max_bytes`` and publishes ``state.json``: the usage,
   each engine's merged record number, each follower's write allowance and the files it *doomed* (chose to evict).
 * **Writers respect it.** Each state grants every engine a number of bytes it may write (or have in flight) beyond
-  what the evictor has counted: a follower, beyond what was merged from its journal; the evictor, since its pass.
-  Past its grant a store fails (reason ``bound``) until the evictor catches up. The evictor picks the grant ``g``
-  so that ``counted + followers' exposure + N * g <= max_bytes``, where ``counted`` is the indexed bytes, the writes
-  in flight and the doomed files not yet deleted, and a follower's exposure is the largest grant it may still be
-  using (any grant published since the last state it acknowledged; ``allowance``, the largest grant there is, for
-  one that acknowledged no state of this evictor), and at least its journal's ``reserved`` up to ``allowance`` (a
-  former evictor's stores admitted under its own last grant). Dooming moves bytes from indexed to doomed, so it never makes
+  what the evictor has counted: a follower, beyond what was merged from its journal; the evictor, since its pass. Past
+  its grant a store fails (reason ``bound``) until the evictor catches up. The evictor picks the grant ``g`` so that
+  ``counted + followers' exposure + N * g <= max_bytes``, where ``counted`` is the indexed bytes, the writes in flight
+  and the doomed files not yet deleted, and a follower's exposure is the largest grant it may still be using (any
+  grant published since the last state it acknowledged; ``allowance``, the largest grant there is, for one that
+  acknowledged no state of this evictor), and at least its journal's ``reserved`` up to ``allowance`` (a former
+  evictor's stores admitted under its own last grant). Dooming moves bytes from indexed to doomed, so it never makes
   room by itself: deletions do, and grants shrink while they are pending. Each pass dooms files until the indexed
   bytes fit ``target = max(max_bytes - N * allowance, max_bytes // 2)``, which leaves the full allowance once
-  deletions are through. So the bytes of ``.kvf`` files under the root never exceed ``max_bytes``, whatever the
-  number of engines (exceptions: docs/vllm.md, spec/GUARANTEES.md G-8). An engine alone on its root (no live
-  follower) evicts before each write and deletes at once, as an unshared tier does.
+  deletions are through. So the bytes of ``.kvf`` files under the root never exceed ``max_bytes``, whatever the number
+  of engines (exceptions: docs/vllm.md, spec/GUARANTEES.md G-8). An engine alone on its root (no live follower) evicts
+  before each write and deletes at once, as an unshared tier does.
 * **No deletion under a reader.** A doomed file is deleted only after every live follower has acknowledged a state
   that dooms it *and* finished every read it started before: a follower's acknowledgement is the oldest state
   under which one of its reads is still running. Followers refuse to read doomed files, and read nothing while
