@@ -1,8 +1,7 @@
 """Engine journals, ``engines/<engine id>.json``: what a follower writes each tick (a heartbeat, its
 acknowledgement, the bytes it admitted and has not written yet, and the records the evictor has not merged yet:
-files it wrote, read, found gone), how a journal
-is parsed and checked, and how the evictor merges the journals into its index (the protocol:
-:mod:`kvformat.cache.shared`)."""
+files it wrote, read, found gone), how a journal is parsed and checked, and how the evictor merges the journals
+into its index (the protocol: :mod:`kvformat.cache.shared`)."""
 
 from __future__ import annotations
 
