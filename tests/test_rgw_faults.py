@@ -14,9 +14,13 @@ The oracles are the bytes the tests hand over and the bucket as boto3 lists it, 
 from __future__ import annotations
 
 import hashlib
+import json
+import socket
 import subprocess
+import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -70,6 +74,23 @@ def test_wrong_credentials_fail_start_up_naming_storage_options_no_key_shown(
         assert dep.load(keys) == items
 
 
+def _gateway_perf(asok: str) -> tuple[int, int]:
+    """The gateway's own counters: requests it is serving now, and requests its throttler has refused so far."""
+    d = json.loads(subprocess.run(["ceph", "--admin-daemon", asok, "perf", "dump"], check=True,
+                                  capture_output=True).stdout)
+    return int(d["rgw"]["qactive"]), int(d["simple-throttler"]["throttle"])
+
+
+def _hold_a_slot(client: Any, bucket: str) -> socket.socket:
+    """A presigned PUT sent with half its body: the gateway has admitted it and waits for the rest, so it holds a
+    request slot until the other half is sent (the socket is returned for that)."""
+    url = urlsplit(client.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "slot-holder"},
+                                                 ExpiresIn=120))
+    s = socket.create_connection((url.hostname, url.port), timeout=30)
+    s.sendall(f"PUT {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Length: 4\r\n\r\nab".encode())
+    return s
+
+
 def test_slowdown_503_is_retried_within_the_deadline_no_call_stuck(
         s3_env: RGWServer, s3_bucket: str) -> None:  # noqa: F811
     import boto3
@@ -80,27 +101,39 @@ def test_slowdown_503_is_retried_within_the_deadline_no_call_stuck(
         subprocess.run(["ceph", "--admin-daemon", asok, "config", "set", "rgw_max_concurrent_requests", str(n)],
                        check=True, capture_output=True)
 
+    c = boto3.client("s3", endpoint_url=s3_env.endpoint, aws_access_key_id=RGW["KVF_RGW_ACCESS_KEY"] if RGW else "",
+                     aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
     st = open_store(f"s3://{s3_bucket}/slow", timeout_s=20, max_retries=6, max_in_flight=16)
     rng = np.random.default_rng(46)
     pays = [rng.integers(0, 256, L.payload_bytes, dtype=np.uint8) for _ in range(32)]
     keys = [K.BlockKey(hashlib.sha256(f"slow/{i}".encode()).hexdigest()) for i in range(32)]
     files = [b"".join(bytes(x) for x in K.encode(p, L, k)) for p, k in zip(pays, keys)]
     rels = [block_relpath(L, k) for k in keys]
-    limit(1)  # one request at a time: the other 15 in flight are answered 503 SlowDown
+    # One request at a time, and that one taken for the first 2 s: every request then is answered 503 SlowDown.
+    # (The store alone did not always meet a refusal: its PUTs, signed one after another on one event loop, were
+    # sometimes each answered before the next arrived, and the CI run at 0bdb814 saw no retry at all.)
+    limit(1)
+    holder = _hold_a_slot(c, s3_bucket)
     try:
+        assert wait_for(lambda: _gateway_perf(asok)[0] >= 1, 10)  # the gateway serves the held PUT
+        refused0 = _gateway_perf(asok)[1]
+        release = threading.Timer(2.0, holder.sendall, args=(b"cd",))
+        release.start()
         t0 = time.monotonic()
         res = st.put_many([(r, [f]) for r, f in zip(rels, files)])
         took = time.monotonic() - t0
+        release.join()
+        assert holder.recv(64).startswith(b"HTTP/1.1 200")  # the held PUT itself completed
         outs = [bytearray(L.payload_bytes) for _ in keys]
         got = st.read_many_into([(r, o, k) for r, o, k in zip(rels, outs, keys)], expect=L)
+        refused = _gateway_perf(asok)[1] - refused0
     finally:
+        holder.close()
         limit(1024)
     assert took < 20 + 5  # a liveness bound (the call's own deadline plus grace), not a speed target
-    assert st.stats["retries"] > 0  # the gateway did refuse: SlowDown was met and retried
+    assert refused > 0 and st.stats["retries"] > 0  # the gateway did refuse, and the store retried
     assert all(r is True or isinstance(r, OSError) for r in res), res
-    assert sum(r is True for r in res) > 0
-    c = boto3.client("s3", endpoint_url=s3_env.endpoint, aws_access_key_id=RGW["KVF_RGW_ACCESS_KEY"] if RGW else "",
-                     aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+    assert sum(r is True for r in res) > 0  # once the slot was free, stores went through within the deadline
     for r, f, ok, g, o, p in zip(rels, files, res, got, outs, pays):
         if ok is True:  # a stored object holds exactly the bytes handed over; a refused one is absent, not partial
             assert c.get_object(Bucket=s3_bucket, Key=f"slow/{r}")["Body"].read() == f
