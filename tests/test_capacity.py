@@ -9,6 +9,8 @@ import sys
 from collections import OrderedDict
 from pathlib import Path
 
+import pytest
+
 from kvformat.cache._lru import LRUIndex
 from kvformat.cache._prefix import PrefixIndex
 
@@ -216,6 +218,18 @@ def test_arc_hand_worked() -> None:
     a = cp.ARC(2)
     assert _play(a, "ABACBADBEAE") == "MMHMMMMMMMM"
     assert (list(a.t1), list(a.t2), list(a.b1), list(a.b2), a.p) == ([], _ids("AE"), _ids("D"), _ids("B"), 1.0)
+
+
+def test_arc_start_moves_only_the_initial_target() -> None:
+    """c = 2, A B A C: A is in T2 and B in T1 when C comes. The paper's start (p = 0) evicts B from T1 (T1 is over
+    its target), so A hits next; started at p = c (``start=1``), T1 is under target and A leaves T2 instead."""
+    a, b = cp.ARC(2), cp.ARC(2, start=1.0)
+    assert (_play(a, "ABAC"), _play(b, "ABAC")) == ("MMHM", "MMHM")
+    assert (list(a.b1), list(a.b2), list(b.b1), list(b.b2)) == (_ids("B"), [], [], _ids("A"))
+    assert (_play(a, "A"), _play(b, "A"), cp.ARC(4, start=0.5).p) == ("H", "M", 2.0)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="share of the capacity"):
+            cp.ARC(2, start=bad)
 
 
 def test_frequency_sketch_doorkeeper_and_aging() -> None:

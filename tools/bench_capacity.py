@@ -14,7 +14,7 @@ is unlinked and each load reads its files, so the index is checked against a rea
   ``kvformat-adaptive[:share]``: ``AdaptiveSegmentedIndex`` (protects only while a segmented shadow beats an LRU one);
   ``kvformat-arc-lru``: ``ArcLruIndex`` (evicts what the leading one of an LRU and an ARC shadow evicted; ARC
   unless LRU leads significantly); ``kvformat-arc-lru:arc`` / ``:lru`` follow one expert throughout (check rows);
-* ``s3fifo[:T]``, ``w-tinylfu[:W]``, ``arc``, ``sieve``: the field's online policies (tools/capacity_policies.py,
+* ``s3fifo[:T]``, ``w-tinylfu[:W]``, ``arc[:S]``, ``sieve``: the field's online policies (tools/capacity_policies.py,
   from the papers), by block, the same file sizes and prefix-chain lookups; ``s3fifo:1`` moves a block to the main
   queue after one hit in the small one (the paper's pseudo-code says more than one), ``w-tinylfu:0.2`` a 20 % window;
 * ``POLICY+second-sight`` / ``POLICY+dwpd:N``: an admission setting in front of the disk tier (write a block only

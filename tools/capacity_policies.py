@@ -12,7 +12,9 @@ Written from the papers' definitions:
   main queue holds, a frequency capped at 3 (two bits); a block leaves the small queue for the main one if it
   was hit more than once there (``freq > 1``), else for the ghost; the main queue reinserts a block with a
   non-zero frequency, one less.
-* ``ARC`` (Megiddo & Modha, FAST'03, Fig. 4): T1/T2 with ghosts B1/B2 and the adaptive target ``p``.
+* ``ARC`` (Megiddo & Modha, FAST'03, Fig. 4): T1/T2 with ghosts B1/B2 and the adaptive target ``p``; the paper
+  starts ``p`` at 0, ``start`` (a share of the capacity) starts it elsewhere, to measure how much ARC's result owes
+  to that one arbitrary choice.
 * ``WTinyLFU`` (Einziger, Friedman & Manes, ToS 2017; Caffeine's layout): a 1 % window LRU in front of a
   segmented LRU (probation, protected 80 %); a window victim enters the main cache only if its estimated
   frequency beats the probation victim's. Frequencies: a count-min sketch of 4-bit counters, four rows
@@ -198,9 +200,11 @@ class S3FIFO:
 class ARC:
     """Adaptive Replacement Cache, the paper's ARC(c) with the request split into hit and miss calls."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, start: float = 0.0) -> None:
+        if not 0.0 <= start <= 1.0:
+            raise ValueError(f"start is a share of the capacity in [0, 1], not {start!r}")
         self.cap = cap
-        self.p = 0.0
+        self.p = start * cap  # T1's target; the paper's ARC starts it at 0
         self.t1: OrderedDict[int, None] = OrderedDict()  # LRU first
         self.t2: OrderedDict[int, None] = OrderedDict()
         self.b1: OrderedDict[int, None] = OrderedDict()

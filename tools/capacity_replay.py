@@ -53,6 +53,8 @@ def make_block_policy(name: str, budget: int, size: int) -> cp.BlockPolicy:
     base, _, arg = name.partition(":")
     if base == "s3fifo" and arg:  # s3fifo:T moves a block to the main queue after T hits in the small one
         return cp.S3FIFO(budget // size, threshold=int(arg))
+    if base == "arc" and arg:  # arc:S starts ARC's target p at S x the capacity (the paper: 0)
+        return cp.ARC(budget // size, start=float(arg))
     if base == "w-tinylfu" and arg:  # w-tinylfu:W sets the window's share of the capacity
         return cp.WTinyLFU(budget // size, window=float(arg))
     if name in ANCHORS:
