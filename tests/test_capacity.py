@@ -98,7 +98,7 @@ def _lru_by_hand(reqs: list[list[int]], cap: int) -> tuple[float, int, int]:
 def _replay(trace: Path, *extra: str) -> list[dict[str, object]]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, str(TOOL), "--trace", str(trace), "--budget-tb", "0.000126",
-                          "--policies", "lru,kvformat", "--json", "--no-progress", *extra],
+                          "--policies", "lru,kvformat-lru", "--json", "--no-progress", *extra],
                          capture_output=True, text=True, check=True, env=env, cwd=REPO)
     rows: list[dict[str, object]] = json.loads(out.stdout)
     return rows
@@ -113,13 +113,13 @@ def test_replay_lru_rows_equal_an_independent_lru(tmp_path: Path) -> None:
     assert 0 < ratio < 1 and evictions > 0
     for extra in ((), ("--root", str(tmp_path / "root"), "--scale", "65536", "--keep-files")):
         rows = _replay(trace, *extra)
-        assert [r["policy"] for r in rows] == ["lru", "kvformat"]
+        assert [r["policy"] for r in rows] == ["lru", "kvformat-lru"]
         for r in rows:
             assert r["token_hit_ratio"] == ratio, (extra, r)
             assert r["evictions"] == evictions, (extra, r)
         sizes = {int(r["bytes_written"]) // writes for r in rows}  # type: ignore[call-overload]
         assert len(sizes) == 1 and 70_272 * 512 < sizes.pop() < 70_272 * 512 + (1 << 20)
-    for sub in ("kvformat-0.000126",):  # the shipped index's root holds exactly the 3 files it kept
+    for sub in ("kvformat-lru-0.000126",):  # the LRU index's root holds exactly the 3 files it kept
         assert len(list((tmp_path / "root" / sub).rglob("*.kvf"))) == 3
 
 

@@ -7,7 +7,9 @@ with the same reserve/add/forget calls as the tier, with true file sizes (header
 each store also writes a real file there (payload scaled down by ``--scale``, header at its true size), each victim
 is unlinked and each load reads its files, so the index is checked against a real directory. The other policies:
 
-* ``kvformat``: what ships (the tier's ``LRUIndex``, chunks touched in load order); ``kvformat-prefix``: the
+* ``kvformat``: what ships (the tier's ``GhostSegmentedIndex``, ``eviction="ghost-slru"``: a segmented LRU whose
+  protected share follows ARC's ghost rule, chunks touched in load order); ``kvformat-lru``: ``LRUIndex``
+  (``eviction="lru"``, the default before issue 45); ``kvformat-ghost:S`` starts the share at S; ``kvformat-prefix``: the
   ``PrefixIndex`` this tool measured against it (predecessor links, dead chunks first, chains touched tail first);
   ``kvformat-slru[:share]``: ``SegmentedLRUIndex`` (stored-only files in probation, evicted before loaded ones,
   whose protected segment holds ``share`` of the budget, 0.2 by default); ``kvformat-slru-prefix``: both rules;
@@ -264,7 +266,7 @@ def replay_optimal(trace: list[tuple[list[int], int]], budget: int, size: int, r
             heapq.heappush(heap, (-nxt[r][i], -i, b))
 
 
-POLICIES = ("kvformat", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive",
+POLICIES = ("kvformat", "kvformat-lru", "kvformat-prefix", "kvformat-slru", "kvformat-slru-prefix", "kvformat-adaptive",
             "kvformat-arc-lru", "lru",
             "s3fifo", "s3fifo:1", "w-tinylfu", "arc", "sieve", "lru-oracle-admission", "vllm-fs-replicated",
             "vllm-fs-per-worker-tp8", "optimal")

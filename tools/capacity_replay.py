@@ -22,6 +22,7 @@ class Tally(Protocol):
 def make_index(policy: str, budget: int) -> Any:
     """The index class a ``kvformat*`` policy names; ``kvformat-slru:0.3`` sets the protected share."""
     from kvformat.cache._arc import ArcLruIndex
+    from kvformat.cache._ghost import GhostSegmentedIndex
     from kvformat.cache._lru import LRUIndex
     from kvformat.cache._prefix import PrefixIndex
     from kvformat.cache._slru import AdaptiveSegmentedIndex, SegmentedLRUIndex
@@ -30,7 +31,9 @@ def make_index(policy: str, budget: int) -> Any:
         """Dead chunks first, then probation, then protected (the MRO chains the two subclasses)."""
 
     name, _, arg = policy.partition(":")
-    if name == "kvformat":
+    if name == "kvformat":  # what the tier ships: eviction="ghost-slru"
+        return GhostSegmentedIndex(budget)
+    if name == "kvformat-lru":  # eviction="lru" (the tier's default before issue 45)
         return LRUIndex(budget)
     if name == "kvformat-prefix":
         return PrefixIndex(budget)
@@ -39,6 +42,8 @@ def make_index(policy: str, budget: int) -> Any:
         return cls(budget, float(arg)) if arg else cls(budget)  # type: ignore[call-arg]
     if name == "kvformat-arc-lru":  # kvformat-arc-lru:arc / :lru follow one expert throughout (check rows)
         return ArcLruIndex(budget, expert=arg or None)
+    if name == "kvformat-ghost":  # kvformat-ghost:0.3 starts the protected share at 0.3
+        return GhostSegmentedIndex(budget, float(arg)) if arg else GhostSegmentedIndex(budget)
     if name == "kvformat-adaptive":
         return AdaptiveSegmentedIndex(budget, float(arg)) if arg else AdaptiveSegmentedIndex(budget)
     raise SystemExit(f"unknown kvformat policy {policy!r}")

@@ -1,9 +1,9 @@
-"""The engine-neutral chunk cache behind the engine adapters (no engine import): ``_config`` (parameters),
-``_lru`` (the LRU capacity index), ``_pool`` (the I/O thread pools), ``_rows`` (the row <-> file engine:
-store, load, probe of one chunk), ``_counters`` (the metrics' counters), ``_scan`` (the start-up scan of
-the root), ``_jobs`` (job bookkeeping, bounded shutdown), ``_autocodec`` (``compression="auto"``: the rule, a
-pure function) and ``_measure`` (its measurements, bounded by a deadline). ``_open`` (``open_cache``: the one
-assembly of them that every adapter drives). ``kvformat.vllm`` and ``kvformat.sglang`` adapt it to their
+"""The engine-neutral chunk cache behind the engine adapters (no engine import): ``_config`` (parameters), ``_lru``
+(the LRU capacity index; ``_ghost``, the default one, segments it), ``_pool`` (the I/O thread pools), ``_rows`` (the
+row <-> file engine: store, load, probe of one chunk), ``_counters`` (the metrics' counters), ``_scan`` (the
+start-up scan of the root), ``_jobs`` (job bookkeeping, bounded shutdown), ``_autocodec`` (``compression="auto"``:
+the rule, a pure function) and ``_measure`` (its measurements, bounded by a deadline). ``_open`` (``open_cache``:
+the one assembly of them that every adapter drives). ``kvformat.vllm`` and ``kvformat.sglang`` adapt it to their
 engine's API."""
 
 from ._autocodec import CompressionChoice, choose_compression, expected_ratio

@@ -58,6 +58,9 @@ def _int(name: str, value: Any, lo: int, hi: int) -> int:
 _DEFAULT_LEVEL = {"zstd": 3, "planes": 1, "auto": 1}
 # "auto": the tier picks planes or none per root at start-up from what it measures (cache/_autocodec.py).
 COMPRESSIONS = ("none", "zstd", "planes", "auto")
+# Which file the bound evicts next (docs/benchmarks/capacity.md): "ghost-slru" (cache/_ghost.py, the default)
+# or plain "lru".
+EVICTIONS = ("ghost-slru", "lru")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class TierConfig:
     read_deadline_s: float = 10.0
     # How files are named across engines (kvformat.cache._keyscheme): "engine" or "token-chain".
     key_scheme: str = "engine"
+    eviction: str = "ghost-slru"
 
     @classmethod
     def parse(cls, root: Any, **kw: Any) -> "TierConfig":
@@ -135,6 +139,7 @@ class TierConfig:
             seal_key=seal_key,
             seal_read_keys=read_keys,
             key_scheme=parse_key_scheme(kw.get("key_scheme", "engine")),
+            eviction=_choice("eviction", kw.get("eviction", "ghost-slru"), EVICTIONS),
         )
 
     def check_bound(self, file_bytes: int) -> str | None:

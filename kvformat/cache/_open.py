@@ -12,6 +12,7 @@ from ..layout import RowPlan
 from ..storage import Store
 from ._autocodec import CompressionChoice
 from ._config import TierConfig
+from ._ghost import GhostSegmentedIndex
 from ._jobs import CounterReport
 from ._log import CacheLog
 from ._lru import LRUIndex
@@ -65,7 +66,7 @@ def open_cache(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | Can
     """
     choice = _compression(config, store, plans, root_log is not None)
     config = dataclasses.replace(config, compression=choice.codec)
-    index = LRUIndex(config.max_bytes if root_log is not None else None)
+    index = _index(config, root_log is not None)
     engines: dict[K, RowEngine] = {}
     first: RowEngine | None = None
     for k, plan in plans.items():
@@ -89,6 +90,15 @@ def open_cache(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | Can
             raise
     pool = DualPool(config.read_threads, config.write_threads, name=pool_name)
     return Cache(config, store, index, engines, ops, pool, CounterReport(first.counters, index), extra, choice)
+
+
+def _index(config: TierConfig, writes: bool) -> LRUIndex:
+    """The capacity index: unbounded on a reader rank (it never stores, so it never evicts), else the one
+    ``eviction`` names."""
+    bound = config.max_bytes if writes else None
+    if config.eviction == "lru" or bound is None:
+        return LRUIndex(bound)
+    return GhostSegmentedIndex(bound)
 
 
 def _compression(config: TierConfig, store: Store, plans: Mapping[K, RowPlan | CanonicalLayout],

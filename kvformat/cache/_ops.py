@@ -105,7 +105,7 @@ class RootOps:
 
     def _bound(self) -> str:
         m = self.cfg.max_bytes
-        return "unbounded" if m is None else f"{m} ({format_size(m)})"
+        return "unbounded" if m is None else f"{m} ({format_size(m)}), eviction={self.cfg.eviction}"
 
     def _shared_text(self) -> str:
         return self.shared.describe()

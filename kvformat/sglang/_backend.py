@@ -46,7 +46,8 @@ _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "fi
 # kvformat's cache parameters, shared with the vLLM tier (kvformat.cache._config).
 _CACHE_KEYS = ("root", "read_threads", "write_threads", "compression", "compression_level", "verify", "max_bytes",
                "o_direct", "fsync", "model_revision", "storage_options", "key_scheme", "start_degraded",
-               "shared_allowance", "shared_interval_s", "seal", "seal_key", "seal_read_keys", "read_deadline_s")
+               "shared_allowance", "shared_interval_s", "seal", "seal_key", "seal_read_keys", "read_deadline_s",
+               "eviction")
 # Facts SGLang does not pass to a storage backend (kvformat.sglang._facts).
 _FACT_KEYS = ("model", "kv_cache_dtype", "rope", "quantization")
 _KEY_RE = re.compile(r"[0-9a-f]{2,128}")

@@ -269,7 +269,10 @@ def replay_offline(res: list[dict[str, Any]], reqs: list[list[int]], root_files:
     both. ``refuse``: the share of root stores the servers' bound refused (their ``store_failures``), refused
     here at random (``seed``). ``restart_after``: the wall time of the kill, after which A's CPU tier is empty.
     ``shared`` False: each server has a root of its own (vLLM's fs tier names files by TP rank and layout, so
-    servers of different TP sizes share none)."""
+    servers of different TP sizes share none). The servers' root evicts with the tier's default order
+    (``eviction="ghost-slru"``), this replay's with plain LRU, a reference written outside kvformat: so the
+    ratio of the two also carries the difference between the orders (a few per cent either way on the Mooncake
+    traces, docs/benchmarks/capacity.md)."""
     sys.path.insert(0, str(REPO / "tools"))
     from capacity_policies import LRU
 
