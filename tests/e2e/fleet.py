@@ -28,6 +28,7 @@ Usage: python tests/e2e/fleet.py [--requests N] [--work DIR] [--tier fs] [--moos
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -52,6 +53,7 @@ TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 BLOCK = 16
 MAX_IDS = 30
 DEADLINE_S = 5.0  # read_deadline_s of both servers
+_NUDGES = itertools.count(5 * 10**9)  # block ids of landed()'s one-block prompts, used by nothing else
 GRANT_WAIT_S = 3.0  # a store past its grant waits this long for the next before the bound refuses it (_bound.py)
 TIER = "KVFormatTier"
 
@@ -335,9 +337,8 @@ def corrupt_phase(client: Client, a: Server, b: Server, root: Path, out: dict[st
     """A prompt A stores; one byte of one of its files flipped; B, which never saw the prompt, asks for it."""
     probe = [10**9 + i for i in range(8)]
     before = set(root.rglob("*.kvf"))
-    assert client.send("A", probe, "corrupt-store")["ok"]
-    settle(root, quiet_s=GRANT_WAIT_S + 1)  # the cascade to the tier is asynchronous, and a store may wait a grant
-    new = new_files(root, before)
+    assert client.send("A", probe, "corrupt-store", max_tokens=16)["ok"]
+    new = landed(client, root, before, len(probe), "corrupt")
     target = new[len(new) // 2] if new else None
     qa = len(quarantined_files(root))
     mb0 = b.metrics()
@@ -379,6 +380,24 @@ def settle(root: Path, quiet_s: float = 2.0, timeout: float = 30.0) -> None:
         elif time.monotonic() - since >= quiet_s:
             return
         time.sleep(0.5)
+
+
+def landed(client: Client, root: Path, before: set[Path], blocks: int, tag: str,
+           timeout: float = 60.0) -> list[Path]:
+    """The files new since ``before`` once A's store of a ``blocks``-block prompt is on the root. vLLM creates
+    the store jobs of a finished request's last blocks "on the next schedule step" (its offloading scheduler's
+    ``request_finished``), and its tiering manager's cascades wait for steps too: with no request after it they
+    wait (4 of 8 files in 4 s at cbd31a1, the rest came with the next prompts). So while files are missing A answers
+    one-block nudges, each at most one file of its own: ``blocks`` + nudges new files hold every block's. Stops
+    at ``timeout`` (a store the bound refused never lands) with what is there."""
+    end = time.monotonic() + timeout
+    for n in range(100):
+        settle(root, quiet_s=GRANT_WAIT_S + 1)  # a store past its grant waits before it lands or is refused
+        new = new_files(root, before)
+        if len(new) >= blocks + n or time.monotonic() > end:
+            return new
+        client.send("A", [next(_NUDGES)], "nudge-" + tag, max_tokens=1)
+    return new_files(root, before)
 
 
 def heldout_phase(client: Client, a_server: Server, root: Path, out: dict[str, Any], checks: dict[str, Any],
@@ -472,11 +491,10 @@ def hang_try(client: Client, a: Server, b: Server, root: Path, ctl: Path, t_star
     probe = [2 * 10**9 + 1000 * attempt + i for i in range(8)]
     before = set(root.rglob("*.kvf"))
     refused0 = tier_metric(a.metrics(), "vllm:kv_offload_kvformat_store_failures_total")
-    assert client.send("A", probe, "hang-store")["ok"]
-    # Until every store landed or was refused: a fixed 3 s listed 1 of the prompt's 8 files (CI at 01d0777).
-    settle(root, quiet_s=GRANT_WAIT_S + 1)
+    assert client.send("A", probe, "hang-store", max_tokens=16)["ok"]
+    # Every file of the prompt must be on the hung list: 3 s after the store listed 1 of its 8 (CI at 01d0777)
+    new = landed(client, root, before, len(probe), f"hang{attempt}")
     refused = tier_metric(a.metrics(), "vllm:kv_offload_kvformat_store_failures_total") - refused0
-    new = new_files(root, before)
     ctl.write_text("".join(p.name + "\n" for p in new))
     ma0, mb0 = a.metrics(), b.metrics()
     t_hang = time.monotonic()
