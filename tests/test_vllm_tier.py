@@ -314,6 +314,31 @@ def test_max_bytes_evicts_least_recently_used_and_reports_events(tmp_path):
         assert [got[k] is not None for k in keys] == [True, False, False, True, True]
 
 
+def test_the_protected_share_is_a_gauge_and_a_ghost_hit_moves_it(tmp_path):
+    probe = K.CanonicalLayout.uniform("m", "bfloat16", ["a", "b", "c"], 16, 576)
+    file_bytes = 4096 * 2 + probe.payload_bytes
+    bound = 3 * file_bytes + 100
+    keys = make_keys(4, "ghost-gauge")
+    tier = "('1:KVFormatTier',)"
+
+    def share(dep: Deployment) -> float:
+        return dep.stats().reduce()[f"{METRIC_PREFIX}protected_share:{tier}"]
+
+    with Deployment([kvf(tmp_path, max_bytes=bound)], n_layers=N_LAYERS) as dep:
+        assert dep.tier().wait_scanned(10)
+        items = payloads(dep, keys)
+        assert share(dep) == 0.2  # the default's start
+        for k in keys:
+            dep.store({k: items[k]})  # the fourth pushes out keys[0], never loaded: its name to the first ghost
+        size = _file_of(tmp_path, keys[1]).stat().st_size
+        dep.evict_primary()
+        dep.store({keys[0]: items[keys[0]]})  # ARC's B1 hit: the target falls by size x max(1, 0/size), to 0
+        assert max(0.0, 0.2 * bound - size) == 0.0 and share(dep) == 0.0
+        assert dep.tier().counters()["protected_share"] == 0.0
+    with Deployment([kvf(tmp_path / "lru", max_bytes=bound, eviction="lru")], n_layers=N_LAYERS) as dep:
+        assert f"{METRIC_PREFIX}protected_share:{tier}" not in dep.stats().reduce()
+
+
 def test_lru_index_never_evicts_pinned_files():
     idx = LRUIndex(max_bytes=300)
     for name in "abc":

@@ -55,16 +55,27 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
     """:class:`SegmentedLRUIndex` whose protected share starts at ``protected`` and follows ARC's ghost hits."""
 
     def __init__(self, max_bytes: int | None, protected: float = 0.2) -> None:
+        self._target = 0.0  # protected bytes aimed at: what ``protected`` reads and writes
         super().__init__(max_bytes, protected)
-        self._target = protected * max_bytes if max_bytes is not None else 0.0  # protected bytes aimed at
         self._demoted: set[str] = set()  # in probation, pushed out of the protected segment
         self._was_protected: dict[str, bool] = {}  # dropped just now: the ghost each victim goes to
         cap = max_bytes or 0
         self._ghost_new = _Ghost(cap)  # evicted, never protected (ARC's B1)
         self._ghost_prot = _Ghost(cap)  # evicted from protection or after it (ARC's B2)
 
+    # The share moves in bytes (ARC's step is a file's size): it is kept as bytes, so no rounding through the
+    # share accumulates over a trace's millions of steps.
+    @property
+    def protected(self) -> float:
+        return self._target / self.max_bytes if self.max_bytes else self._start
+
+    @protected.setter
+    def protected(self, share: float) -> None:
+        self._start = share
+        self._target = share * self.max_bytes if self.max_bytes is not None else 0.0
+
     def share(self) -> float:
-        """The protected segment's target as a share of the bound (tests, tools, metrics)."""
+        """The protected segment's target as a share of the bound (the tier's ``protected_share`` gauge)."""
         with self._lock:
             return self.protected
 
@@ -116,7 +127,6 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
             prot.take(rel)
         else:
             return False
-        self.protected = self._target / self.max_bytes
         return True
 
     def _promote_locked(self, rel: str) -> None:
@@ -133,24 +143,23 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
         self._demoted.discard(relpath)
         return super()._touch_locked(relpath)
 
-    def _demote_locked(self) -> None:
-        if self.max_bytes is None:
-            return
-        while self._prot_bytes > self._target and self._prot:
-            rel, size = next(iter(self._prot.items()))
-            self._hot[rel] = size
-            del self._prot[rel]
-            self._prot_bytes -= size
-            self._demoted.add(rel)
+    def _cap_locked(self) -> float:
+        return self._target
+
+    def _demoted_locked(self, rel: str) -> None:
+        self._demoted.add(rel)
+
+    def _leaving_locked(self, rel: str) -> None:
+        # Which ghost ``rel`` goes to if this drop is an eviction (_evicted_locked decides).
+        self._was_protected[rel] = rel in self._prot or rel in self._demoted
+        self._demoted.discard(rel)
 
     def _drop_locked(self, relpath: str) -> int | None:
-        self._was_protected[relpath] = relpath in self._prot or relpath in self._demoted
-        self._demoted.discard(relpath)
+        self._leaving_locked(relpath)
         return super()._drop_locked(relpath)
 
     def _unlist_locked(self, rel: str, size: int) -> None:
-        self._was_protected[rel] = rel in self._prot or rel in self._demoted
-        self._demoted.discard(rel)
+        self._leaving_locked(rel)
         super()._unlist_locked(rel, size)
 
     def _evicted_locked(self, victims: list[tuple[str, int]]) -> None:

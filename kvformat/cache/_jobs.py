@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._ghost import GhostSegmentedIndex
 from ._lru import LRUIndex
 from ._pool import DualPool, TaskPair
 from ._counters import COUNTERS, Counters, failure_reason
@@ -280,12 +281,15 @@ class CounterReport:
         self._reported_reasons = now
         return out[0], out[1]
 
-    def totals(self) -> dict[str, int]:
-        values, quarantined = self._counters.snapshot()
+    def totals(self) -> dict[str, float]:
+        counts, quarantined = self._counters.snapshot()
+        values: dict[str, float] = dict(counts)
         values.update({f"quarantined:{r}": n for r, n in quarantined.items()})
         values.update({f"store_failures:{r}": n for r, n in self._counters.by_reason()[1].items()})
         values["used_bytes"] = self._index.used
         values["files"] = len(self._index)
+        if isinstance(self._index, GhostSegmentedIndex):
+            values["protected_share"] = self._index.share()
         return values
 
 

@@ -17,6 +17,7 @@ from ..format import format_size
 from ..storage import Store, split_root
 from ._autocodec import CompressionChoice
 from ._config import TierConfig
+from ._ghost import GhostSegmentedIndex
 from ._health import RootHealth
 from ._log import CacheLog
 from ._lru import LRUIndex
@@ -193,13 +194,15 @@ class RootOps:
                       self.cfg.verify, self.compression.codec + (" (auto)" if self.compression.mode == "auto" else ""),
                       self.health.state)
 
-    def gauges(self) -> dict[str, int]:
+    def gauges(self) -> dict[str, float]:
         """Point-in-time values for metrics: usage as this engine accounts it, the root's health, the shared
-        root's view, the scan's progress."""
-        out = {"used_bytes": self.index.used, "files": len(self.index),
-               "root_healthy": int(self.health.usable), "scan_files": self.progress.files,
-               "scan_done": int(self.progress.done)}
+        root's view, the scan's progress, and with ``eviction="ghost-slru"`` the protected share it evicts by."""
+        out: dict[str, float] = {"used_bytes": self.index.used, "files": len(self.index),
+                                 "root_healthy": int(self.health.usable), "scan_files": self.progress.files,
+                                 "scan_done": int(self.progress.done)}
         out.update(self.shared.gauges())
+        if isinstance(self.index, GhostSegmentedIndex):
+            out["protected_share"] = self.index.share()
         return out
 
     def close(self, timeout_s: float = 5.0) -> None:

@@ -69,15 +69,23 @@ class SegmentedLRUIndex(LRUIndex):
         self._prot_bytes += size
         self._demote_locked()
 
+    def _cap_locked(self) -> float:
+        """Bytes the protected segment may hold (``max_bytes`` is set)."""
+        return self.protected * self.max_bytes  # type: ignore[operator]
+
     def _demote_locked(self) -> None:
         if self.max_bytes is None:
             return
-        cap = self.protected * self.max_bytes
+        cap = self._cap_locked()
         while self._prot_bytes > cap and self._prot:
             rel, size = next(iter(self._prot.items()))
             self._hot[rel] = size  # the newest in probation: it ages out from there
             del self._prot[rel]
             self._prot_bytes -= size
+            self._demoted_locked(rel)
+
+    def _demoted_locked(self, rel: str) -> None:
+        """``rel`` was just pushed out of the protected segment into probation (a hook for subclasses)."""
 
     def _drop_locked(self, relpath: str) -> int | None:
         size = self._prot.pop(relpath, None)

@@ -265,9 +265,9 @@ class KVFormatHiCache(HiCacheStorage):
                 v.clear()
         return m
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, float]:
         """kvformat's cumulative counters (as the vLLM tier's: files and bytes read/written, quarantined files
-        by reason, evictions, ``used_bytes``, ``files``)."""
+        by reason, evictions, ``used_bytes``, ``files``, and with ``eviction="ghost-slru"`` ``protected_share``)."""
         self._attach()
         return self._report.totals()
 

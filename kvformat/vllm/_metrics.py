@@ -68,6 +68,9 @@ _GAUGE_DOCS = {
     "evictor": "1 when this tier is its shared root's evictor (bounded roots only).",
     "scan_files": "Files the start-up scan of the root has listed so far.",
     "scan_done": "1 once the start-up scan of the root has finished.",
+    "protected_share": "eviction=\"ghost-slru\": the share of max_bytes this engine's evictor now keeps for files "
+                       "loaded since stored (starts at 0.2, moved by ARC's ghost rule; on a shared root the "
+                       "evictor's is the one in effect).",
     "root_read_gbps": "compression=\"auto\": the root's read speed measured at start-up through its store (GB/s of "
                       "one chunk-sized file, past the page cache on a local path).",
     "codec_decode_gbps": "compression=\"auto\": the planes codec's verified decode speed on one core, measured at "

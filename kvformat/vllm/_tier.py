@@ -281,9 +281,9 @@ class KVFormatTier(TierKeys, SecondaryTierManager):
         return connector_stats(self._report, self.ops, self.tier_label)
 
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, float]:
         """Cumulative counters since start (plus ``quarantined:<reason>`` and ``store_failures:<reason>`` counts
-        and the gauges: ``used_bytes``, ``files``, ``root_healthy`` …)."""
+        and the gauges: ``used_bytes``, ``files``, ``root_healthy``, ``protected_share`` …)."""
         out = self._report.totals()
         out.update(self.ops.gauges())
         return out
