@@ -100,3 +100,51 @@ def test_another_engines_store_of_an_evicted_name_counts_and_a_kept_victim_leave
     assert victims == [("c", 10)] and idx.ghost_bytes() == (20, 0)
     idx.keep(victims)
     assert idx.ghost_bytes() == (10, 0) and idx.lru_order()[0] == "c"
+
+
+def test_another_engines_store_is_not_a_load(tmp_path: Path) -> None:
+    idx = GhostSegmentedIndex(40, protected=0.5)
+    idx.begin_scan()
+    assert idx.scan_add([("x", 10, 1.0), ("y", 10, 2.0)]) == 2  # a listing found them, before any journal did
+    idx.end_scan()
+    _store(idx, tmp_path, "a")
+    assert idx.note_store("x")  # the journal names x's store: the listing saw this store, so x is stored once
+    assert idx.lru_order() == ["y", "a", "x"] and idx.protected_bytes() == 0
+    assert idx.note_store("a")  # a stored here and then by another engine: its second sight, as a re-store
+    assert idx.lru_order() == ["y", "x", "a"] and idx.protected_bytes() == 10
+    assert not idx.note_store("z")  # not indexed: the journal merge indexes it (add_found)
+    lru = LRUIndex(40)
+    lru.add("b", 10)
+    lru.add("c", 10)
+    assert lru.note_store("b") and lru.lru_order() == ["c", "b"]  # plain LRU: a store is a use
+
+
+def test_the_evictor_keeps_its_own_new_files_while_another_engine_stores(tmp_path: Path) -> None:
+    # The fleet run at cbd31a1: the evictor's listing found B's new files cold, B's journal then named them and
+    # each was protected as if loaded; what was pushed out of protection went to probation's newest end, ahead
+    # of the evictor's own files, which it then deleted first (a prompt it stored was gone within 4 s).
+    from test_shared_control import FILE, MAX, Engine, pump
+    root = str(tmp_path)
+    a = Engine(root, index=GhostSegmentedIndex(MAX))
+    a.sb.tick()
+    b = Engine(root, index=GhostSegmentedIndex(MAX))
+    pump([a, b], 3, store=False)
+    assert a.sb.is_evictor and not b.sb.is_evictor
+    for _ in range(40):  # B stores; the evictor lists the root before it merges B's journal now and then
+        b.sb.tick()
+        b.store_one("b")
+        if b.n % 5 == 0:
+            a.list_cold()
+        a.sb.tick()
+    assert a.index.protected_bytes() == 0  # nothing was loaded
+    own = [a.store_one("a") for _ in range(4)]
+    assert None not in own
+    for _ in range(40):  # more of B's stores, listed as before: the evictor makes room with B's oldest
+        b.sb.tick()
+        b.store_one("b")
+        if b.n % 5 == 0:
+            a.list_cold()
+        a.sb.tick()
+    on_root = [f for f in Path(root).rglob("*.kvf") if ".kvformat" not in f.parts]
+    assert len(on_root) * FILE <= MAX < (b.n + len(own)) * FILE  # the bound held, so B's stores evicted
+    assert all(Path(root, rel).exists() for rel in own)

@@ -34,9 +34,9 @@ class Engine:
     """One engine's shared-bound part on ``root``: deletes go to the store, the start-up scan lists it."""
 
     def __init__(self, root: str, ttl_s: float = 1.0, mac: ControlMac | None = None,
-                 read_deadline_s: float = 0.0) -> None:
+                 read_deadline_s: float = 0.0, index: LRUIndex | None = None) -> None:
         self.store = LocalStore(root)
-        self.index = LRUIndex(None)
+        self.index = index if index is not None else LRUIndex(None)
         self.n = 0
         self.sb = SharedBound(self.store, self.index, max_bytes=MAX, allowance=8 * FILE,
                               log=CacheLog(logging.getLogger("test_shared_control"), interval_s=0.0),
@@ -51,6 +51,13 @@ class Engine:
     def _rescan(self) -> None:
         for e in self.store.list():
             self.index.add_found(e.relpath, e.size)
+
+    def list_cold(self) -> int:
+        """The tier's listing of the root (cache/_scan.py): every file not indexed yet is indexed cold."""
+        self.index.begin_scan()
+        n = self.index.scan_add((e.relpath, e.size, e.mtime) for e in self.store.list() if e.relpath.endswith(".kvf"))
+        self.index.end_scan()
+        return n
 
     def store_one(self, tag: str) -> str | None:
         """Store one FILE-byte file as an engine does (admission, write, publish); its path, or None if refused."""

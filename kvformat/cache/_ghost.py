@@ -107,6 +107,14 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
                     self._promote_locked(relpath)
         return True
 
+    def _restored_locked(self, relpath: str) -> bool:
+        # A second store of a file in probation is its second sight, as in add(); one the listing found was not
+        # stored twice (LRUIndex.note_store moves it to probation unasked).
+        if not super()._restored_locked(relpath):
+            return False
+        self._promote_locked(relpath)
+        return True
+
     def keep(self, victims: Iterable[tuple[str, int]]) -> None:
         victims = list(victims)
         with self._lock:  # a victim whose delete failed is still stored: not evicted, so in no ghost

@@ -152,6 +152,25 @@ class LRUIndex:
             self._used += size
             return True
 
+    def note_store(self, relpath: str) -> bool:
+        """Another engine stored ``relpath`` (its journal says so, cache/shared/); False if it is not indexed.
+
+        A store, not a load: a file this index holds cold was found by a listing of the root that saw this very
+        store before the journal named it, so it becomes the newest stored file, as :meth:`add` would make it;
+        any other indexed file was stored before, and :meth:`_restored_locked` says what a second store does.
+        """
+        with self._lock:
+            cold = self._cold.get(relpath)
+            if cold is None:
+                return self._restored_locked(relpath)
+            self._hot[relpath] = cold[0]  # insert before deleting: see __contains__
+            del self._cold[relpath]  # its heap row goes stale and is skipped
+            return True
+
+    def _restored_locked(self, relpath: str) -> bool:
+        """An indexed file (not cold) stored again by another engine: as a touch here (most recently used)."""
+        return self._touch_locked(relpath)
+
     def touch(self, relpath: str) -> bool:
         """Make ``relpath`` the most recently used; False if it is not indexed."""
         with self._lock:

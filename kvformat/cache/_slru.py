@@ -62,6 +62,14 @@ class SegmentedLRUIndex(LRUIndex):
         return self._prot_bytes
 
     # -- the segments ------------------------------------------------------------------------------------
+    def _restored_locked(self, relpath: str) -> bool:
+        # Another engine's store is no load: the file keeps its segment, as the newest of it.
+        for seg in (self._hot, self._prot):
+            if relpath in seg:
+                seg.move_to_end(relpath)
+                return True
+        return False
+
     def _touched_locked(self) -> OrderedDict[str, int]:
         return self._prot
 

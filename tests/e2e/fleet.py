@@ -517,7 +517,9 @@ def hang_try(client: Client, a: Server, b: Server, root: Path, ctl: Path, t_star
          "B_stale_view_misses": delta(mb0, mb1, "vllm:kv_offload_kvformat_stale_view_misses"),
          "A_answered_during": sum(x["ok"] for x in side),
          "A_evictions_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_evictions"),
-         "A_files_written_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_files_written"), "deadline_s": DEADLINE_S}
+         "A_files_written_during": delta(ma0, ma1, "vllm:kv_offload_kvformat_files_written"), "deadline_s": DEADLINE_S,
+         # the evictor's order decides how long a just-stored file stays (eviction="ghost-slru")
+         "protected_share": {n: tier_metric(m, "vllm:kv_offload_kvformat_protected_share") for n, m in (("A", ma0), ("B", mb0))}}
 
 
 def main() -> int:

@@ -213,7 +213,10 @@ class JournalMerge:
                     continue
                 if pred is not None and op == "w" and link is not None:
                     link(relpath, pred)
-                if not self.index.touch(relpath) and op == "w" and relpath not in absent:
+                # A write is a store, not a load: a segmented index must not protect it (fleet at cbd31a1:
+                # the evictor protected every file another engine wrote, and its own new files went first).
+                known = self.index.note_store(relpath) if op == "w" else self.index.touch(relpath)
+                if not known and op == "w" and relpath not in absent:
                     self.index.add_found(relpath, size)
             elif op == "x":
                 self.index.remove(relpath)
