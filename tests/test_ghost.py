@@ -42,8 +42,8 @@ def test_a_ghost_hit_of_a_file_once_protected_grows_the_share_by_the_ghosts_rati
     for rel in "efg":
         _store(idx, tmp_path, rel)  # c, d go to the first ghost, the demoted a to the second
     assert _files(tmp_path) == ["b", "e", "f", "g"] and idx.ghost_bytes() == (20, 10)
-    _store(idx, tmp_path, "a")  # the reserve takes e (first ghost: 30 bytes); 10 + 10 x max(1, 30/10) = 40
-    assert idx.share() == 1.0 and idx.ghost_bytes() == (30, 0)
+    _store(idx, tmp_path, "a")  # the reserve takes e (first ghost: 30 bytes); 10 + 10 x max(1, 30/10) = 40,
+    assert idx.share() == 0.8 and idx.ghost_bytes() == (30, 0)  # over most x 40 = 32: probation keeps a fifth
     assert _files(tmp_path) == ["a", "b", "f", "g"] and idx.lru_order() == ["f", "g", "b", "a"]
     assert idx.protected_bytes() == 20
 
@@ -148,3 +148,20 @@ def test_the_evictor_keeps_its_own_new_files_while_another_engine_stores(tmp_pat
     on_root = [f for f in Path(root).rglob("*.kvf") if ".kvformat" not in f.parts]
     assert len(on_root) * FILE <= MAX < (b.n + len(own)) * FILE  # the bound held, so B's stores evicted
     assert all(Path(root, rel).exists() for rel in own)
+
+
+def test_the_share_stops_at_most_so_a_new_prompt_keeps_its_first_chunk(tmp_path: Path) -> None:
+    # At a share of 1 probation is one file wide: each store evicts the one before it, so a two-chunk prompt keeps
+    # only its second chunk, which a prefix lookup never reaches. With most=0.5 half the bound stays probation.
+    for most, kept in ((1.0, ["p1"]), (0.5, ["p0", "p1"])):
+        root = tmp_path / str(most)
+        root.mkdir()
+        idx = GhostSegmentedIndex(40, protected=most, most=most)
+        for rel in "abcd":
+            _store(idx, root, rel)
+            idx.touch(rel)  # every file loaded: the protected segment takes what its share allows
+        for rel in ("p0", "p1"):
+            _store(idx, root, rel)
+        assert [f for f in _files(root) if f.startswith("p")] == kept
+    with pytest.raises(ValueError, match="most"):
+        GhostSegmentedIndex(40, protected=0.9, most=0.8)

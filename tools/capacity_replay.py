@@ -42,8 +42,9 @@ def make_index(policy: str, budget: int) -> Any:
         return cls(budget, float(arg)) if arg else cls(budget)  # type: ignore[call-arg]
     if name == "kvformat-arc-lru":  # kvformat-arc-lru:arc / :lru follow one expert throughout (check rows)
         return ArcLruIndex(budget, expert=arg or None)
-    if name == "kvformat-ghost":  # kvformat-ghost:0.3 starts the protected share at 0.3
-        return GhostSegmentedIndex(budget, float(arg)) if arg else GhostSegmentedIndex(budget)
+    if name == "kvformat-ghost":  # kvformat-ghost:0.3 starts the protected share at 0.3, :0.2:1 lets it reach 1
+        start, _, most = arg.partition(":")
+        return GhostSegmentedIndex(budget, float(start or 0.2), float(most or 0.8))
     if name == "kvformat-adaptive":
         return AdaptiveSegmentedIndex(budget, float(arg)) if arg else AdaptiveSegmentedIndex(budget)
     raise SystemExit(f"unknown kvformat policy {policy!r}")

@@ -12,6 +12,11 @@ protected segment goes back to probation as its newest file rather than out of t
 share that falls frees protected files gradually instead of dropping them. A file stored again from either
 ghost has been seen twice, so it enters the protected segment (ARC's T2), as a re-store of an indexed file does.
 
+The share stops at ``most`` (0.8), where ARC's may reach the whole cache: with every byte protected, probation is
+one file wide and each store evicts the file stored just before it, so a prompt stored then keeps only its last
+chunk, which no prefix lookup reaches (the fleet run, tests/e2e/fleet.py, lost whole prompts so on a shared root
+whose evictor's share had climbed to 1). A fifth of the bound stays for new prompts to be read once.
+
 Each ghost holds at most ``max_bytes`` of names (no data); a file leaves its ghost when stored again or when the
 ghost is over that size, oldest name first. Cost: O(1) amortized per store, touch and eviction; memory, besides
 the index, at most two bounds' worth of names.
@@ -54,8 +59,11 @@ class _Ghost:
 class GhostSegmentedIndex(SegmentedLRUIndex):
     """:class:`SegmentedLRUIndex` whose protected share starts at ``protected`` and follows ARC's ghost hits."""
 
-    def __init__(self, max_bytes: int | None, protected: float = 0.2) -> None:
+    def __init__(self, max_bytes: int | None, protected: float = 0.2, most: float = 0.8) -> None:
+        if not 0.0 <= protected <= most <= 1.0:
+            raise ValueError(f"need 0 <= protected <= most <= 1, not {protected!r}, {most!r}")
         self._target = 0.0  # protected bytes aimed at: what ``protected`` reads and writes
+        self.most = most
         super().__init__(max_bytes, protected)
         self._demoted: set[str] = set()  # in probation, pushed out of the protected segment
         self._was_protected: dict[str, bool] = {}  # dropped just now: the ghost each victim goes to
@@ -131,7 +139,8 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
             self._target = max(0.0, self._target - size * max(1.0, prot.bytes / max(new.bytes, 1)))
             new.take(rel)
         elif rel in prot.names:
-            self._target = min(float(self.max_bytes), self._target + size * max(1.0, new.bytes / max(prot.bytes, 1)))
+            step = size * max(1.0, new.bytes / max(prot.bytes, 1))
+            self._target = min(self.most * self.max_bytes, self._target + step)
             prot.take(rel)
         else:
             return False
