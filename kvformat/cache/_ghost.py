@@ -75,12 +75,12 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
     # share accumulates over a trace's millions of steps.
     @property
     def protected(self) -> float:
-        return self._target / self.max_bytes if self.max_bytes else self._start
+        return self._target / self.capacity if self.capacity else self._start
 
     @protected.setter
     def protected(self, share: float) -> None:
         self._start = share
-        self._target = share * self.max_bytes if self.max_bytes is not None else 0.0
+        self._target = share * self.capacity if self.capacity is not None else 0.0
 
     def share(self) -> float:
         """The protected segment's target as a share of the bound (the tier's ``protected_share`` gauge)."""
@@ -131,7 +131,7 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
         super().keep(victims)
 
     def _ghost_seen_locked(self, rel: str, size: int) -> bool:
-        if self.max_bytes is None:
+        if self.capacity is None:
             return False
         new, prot = self._ghost_new, self._ghost_prot
         # The ratio is taken with the file still in its ghost (ARC's delta), so it is never over an empty one.
@@ -140,7 +140,7 @@ class GhostSegmentedIndex(SegmentedLRUIndex):
             new.take(rel)
         elif rel in prot.names:
             step = size * max(1.0, new.bytes / max(prot.bytes, 1))
-            self._target = min(self.most * self.max_bytes, self._target + step)
+            self._target = min(self.most * self.capacity, self._target + step)
             prot.take(rel)
         else:
             return False

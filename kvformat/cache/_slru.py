@@ -34,6 +34,10 @@ class SegmentedLRUIndex(LRUIndex):
         if not 0.0 <= protected <= 1.0:
             raise ValueError(f"protected must be a share of max_bytes in [0, 1], not {protected!r}")
         super().__init__(max_bytes)
+        # The bound the segments are shares of. Not max_bytes itself: a shared root's evictor sets that to None
+        # while it picks victims by passes (shared/_evictor.py), and the protected segment must stay bounded then
+        # (with no cap every file ever loaded was protected, and the evictor deleted its newest stores first).
+        self.capacity = max_bytes
         self.protected = protected
         self._prot: OrderedDict[str, int] = OrderedDict()  # touched by a load since stored, LRU first
         self._prot_bytes = 0
@@ -78,11 +82,11 @@ class SegmentedLRUIndex(LRUIndex):
         self._demote_locked()
 
     def _cap_locked(self) -> float:
-        """Bytes the protected segment may hold (``max_bytes`` is set)."""
-        return self.protected * self.max_bytes  # type: ignore[operator]
+        """Bytes the protected segment may hold (``capacity`` is set)."""
+        return self.protected * self.capacity  # type: ignore[operator]
 
     def _demote_locked(self) -> None:
-        if self.max_bytes is None:
+        if self.capacity is None:
             return
         cap = self._cap_locked()
         while self._prot_bytes > cap and self._prot:
