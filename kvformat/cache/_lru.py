@@ -45,8 +45,10 @@ import threading
 from collections import Counter, OrderedDict
 from typing import Iterable, Iterator
 
+from ._coldscan import ColdScan
 
-class LRUIndex:
+
+class LRUIndex(ColdScan):
     """Files this tier knows, least recently used first.
 
     ``reserve`` accounts for a file about to be written, so the bound holds while writes are in
@@ -153,23 +155,19 @@ class LRUIndex:
             return True
 
     def note_store(self, relpath: str) -> bool:
-        """Another engine stored ``relpath`` (its journal says so, cache/shared/); False if it is not indexed.
-
-        A store, not a load: a file this index holds cold was found by a listing of the root that saw this very
-        store before the journal named it, so it becomes the newest stored file, as :meth:`add` would make it;
-        any other indexed file was stored before, and :meth:`_restored_locked` says what a second store does.
-        """
+        """Another engine stored ``relpath`` (its journal says); False if not indexed. A store, not a load: a cold
+        file is one a listing saw before the journal did, so it becomes the newest stored file, as :meth:`add`
+        would make it; any other was stored before, and :meth:`_restored_locked` says what a second store does."""
         with self._lock:
             cold = self._cold.get(relpath)
             if cold is None:
                 return self._restored_locked(relpath)
-            self._hot[relpath] = cold[0]  # insert before deleting: see __contains__
-            del self._cold[relpath]  # its heap row goes stale and is skipped
+            self._hot[relpath] = cold[0]  # insert before deleting (see __contains__); its heap row goes stale
+            del self._cold[relpath]
             return True
 
     def _restored_locked(self, relpath: str) -> bool:
-        """An indexed file (not cold) stored again by another engine: as a touch here (most recently used)."""
-        return self._touch_locked(relpath)
+        return self._touch_locked(relpath)  # LRU: another engine's second store is a use
 
     def touch(self, relpath: str) -> bool:
         """Make ``relpath`` the most recently used; False if it is not indexed."""
@@ -429,39 +427,3 @@ class LRUIndex:
             self._mark_gone_locked(rel)
         self._evicted_locked(out)
         return out
-
-    # -- the start-up scan -------------------------------------------------------------------------
-    def begin_scan(self) -> None:
-        """Start remembering removals, so that a scan's stale listing cannot bring files back."""
-        with self._lock:
-            self._removed_during_scan = set()
-
-    def scan_add(self, found: Iterable[tuple[str, int, float]]) -> int:
-        """Index a batch of files found by the scan (relpath, size, mtime) as cold. Returns how many.
-
-        Skips files already indexed, being evicted or written, or removed or evicted since :meth:`begin_scan`.
-        The caller evicts (``victims``) after each batch, so the bound holds while the scan runs.
-        """
-        added = 0
-        with self._lock:
-            gone = self._removed_during_scan or ()
-            for rel, size, mtime in found:
-                if (rel in gone or rel in self or self._doomed.get(rel)
-                        or self._writing.get(rel)):
-                    continue
-                self._cold[rel] = (size, mtime)
-                heapq.heappush(self._heap, (mtime, rel))
-                self._used += size
-                added += 1
-        return added
-
-    def end_scan(self) -> None:
-        """The scan is over: stop remembering removals."""
-        with self._lock:
-            self._removed_during_scan = None
-
-    def merge_scan(self, found: Iterable[tuple[str, int, float]]) -> int:
-        """:meth:`scan_add` of everything found, then :meth:`end_scan`. Returns how many were added."""
-        added = self.scan_add(found)
-        self.end_scan()
-        return added
