@@ -387,7 +387,8 @@ def landed(client: Client, root: Path, before: set[Path], blocks: int, tag: str,
     """The files new since ``before`` once A's store of a ``blocks``-block prompt is on the root. vLLM creates
     the store jobs of a finished request's last blocks "on the next schedule step" (its offloading scheduler's
     ``request_finished``), and its tiering manager's cascades wait for steps too: with no request after it they
-    wait (4 of 8 files in 4 s at cbd31a1, the rest came with the next prompts). So while files are missing A answers
+    wait. (The 4 of 8 files seen at cbd31a1 were the evictor deleting A's newest files, fixed in dd09d22 and
+    20a3b05; the wait is kept for the step rule, which vLLM's source states.) So while files are missing A answers
     one-block nudges, each at most one file of its own: ``blocks`` + nudges new files hold every block's. Stops
     at ``timeout`` (a store the bound refused never lands) with what is there."""
     end = time.monotonic() + timeout
@@ -467,7 +468,8 @@ def hang_phase(client: Client, a: Server, b: Server, root: Path, ctl: Path, out:
     at 4adbffe and 5af5006 had such a try: B answered in 15.9 s / 10.8 s, 0 deadline misses). So is a try whose
     servers' counters could not be read (``metrics_read`` false): its deltas say nothing; and one in which A's bound
     refused some of the prompt's stores (A's store_failures moved): the refused chunk may be its first, and then B
-    reads none of the rest (CI at 01d0777: 1 of 8 files on the root, B answered in 0.22 s, 0 deadline misses).
+    reads none of the rest. (CI at 01d0777 had 1 of 8 files on the root, B answering in 0.22 s with 0 deadline
+    misses: not a refusal but the evictor deleting A's newest files, fixed in dd09d22 and 20a3b05.)
     Every try must have been answered by B; the counters' checks are made on the tries whose counters were read,
     the last among them."""
     tries: list[dict[str, Any]] = []
@@ -492,7 +494,7 @@ def hang_try(client: Client, a: Server, b: Server, root: Path, ctl: Path, t_star
     before = set(root.rglob("*.kvf"))
     refused0 = tier_metric(a.metrics(), "vllm:kv_offload_kvformat_store_failures_total")
     assert client.send("A", probe, "hang-store", max_tokens=16)["ok"]
-    # Every file of the prompt must be on the hung list: 3 s after the store listed 1 of its 8 (CI at 01d0777)
+    # Every file of the prompt must be on the hung list (a fixed 3 s wait listed 1 of 8 at 01d0777: the evictor bug)
     new = landed(client, root, before, len(probe), f"hang{attempt}")
     refused = tier_metric(a.metrics(), "vllm:kv_offload_kvformat_store_failures_total") - refused0
     ctl.write_text("".join(p.name + "\n" for p in new))
